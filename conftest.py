@@ -1,0 +1,41 @@
+"""Root pytest configuration for the workbook.
+
+* Loads the grading plugin (points marker, grade table, JSON report): ``reference.grading``.
+* Provides the ``impl`` fixture: the implementation of the lab a test lives in, chosen by
+  ``LAB_IMPL`` (see ``reference/loader.py``). Tests never import ``starter``/``solution``.
+* Makes hypothesis deterministic, so a grade never depends on a lucky draw.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from reference.loader import load_impl
+from reference.paths import lab_of_path
+
+pytest_plugins = ["reference.grading"]
+
+# Grading must be reproducible: the same code gets the same examples on every run and machine.
+settings.register_profile(
+    "pagedlab",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("pagedlab")
+
+
+@pytest.fixture
+def impl(request: pytest.FixtureRequest):
+    """The module under test for this test's lab (starter, solution or a mutant copy).
+
+    NOTE: loading happens here, not at import time, so a student's broken ``starter.py`` fails
+    each test with its own error instead of breaking collection of the whole suite.
+    """
+    lab = lab_of_path(request.node.path)
+    if lab is None:
+        raise RuntimeError(f"{request.node.nodeid} is not inside labs/<lab>/; use load_impl()")
+    return load_impl(lab)

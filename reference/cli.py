@@ -1,0 +1,47 @@
+"""The ``pagedlab`` command line: grade, check, bench and friends.
+
+Subcommands are thin: each lives in its own module with ``add_arguments`` and ``main``.
+Benchmarks are discovered from ``reference/bench/<name>.py`` (each with ``main(argv)``), so a
+lab adds a benchmark without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import reference.bench
+
+# name -> (module, help)
+COMMANDS = {
+    "grade": ("reference.grade", "run the lab tests and grade them (honours LAB_IMPL)"),
+    "check": ("reference.strength", "prove test strength: solutions pass, starters 0, mutants caught"),
+}
+
+
+def _benchmarks() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(reference.bench.__path__)
+                  if not m.name.startswith("_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``pagedlab``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        mod.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    bench = sub.add_parser("bench", help="run a benchmark: " + ", ".join(_benchmarks()))
+    bench.add_argument("name", choices=_benchmarks())
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        return importlib.import_module(f"reference.bench.{args.name}").main(args.bench_args) or 0
+    return importlib.import_module(COMMANDS[args.command][0]).main(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Pytest plugin: points on every lab test, a per-lab grade table, and a JSON report.
+
+Loaded by the root ``conftest.py``. It
+
+* registers the ``points(n)`` marker and refuses to run a lab test without exactly one (and an
+  infrastructure test with one: only lab tests are graded);
+* records each test's outcome, points and failure message;
+* prints the grade table at the end of a run that touched lab tests;
+* writes the raw report with ``--pagedlab-report PATH`` (what ``pagedlab grade`` and
+  ``pagedlab check`` read, so grading never parses terminal output);
+* ``--pagedlab-only name1,name2`` keeps only tests with those function names (the mutant check
+  runs just the tests a mutant is declared to be caught by).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reference.loader import LabImplError, describe_impl, impl_name
+from reference.paths import lab_of_path
+
+#: Longest failure text kept per test (Gradescope shows it to the student).
+MAX_DETAILS_CHARS = 4000
+
+# NOTE: pytest_runtest_logreport gets no config argument; the active config is kept here.
+_CONFIG: dict = {}
+
+
+@dataclass
+class TestRecord:
+    """One test's graded result."""
+
+    nodeid: str
+    lab: str | None
+    name: str
+    doc: str
+    points: float
+    outcome: str = "passed"  # passed | failed | error | skipped
+    when: str = ""  # phase that decided a non-pass: setup | call | teardown
+    message: str = ""  # one line: the exception and its message
+    details: str = ""  # the (truncated) traceback
+    duration_s: float = 0.0
+    _phases: set = field(default_factory=set, repr=False)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pagedlab")
+    group.addoption("--pagedlab-report", default=None, help="write the graded JSON report here")
+    group.addoption(
+        "--pagedlab-only", default=None, help="comma-separated test function names to keep"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "points(n): points this lab test is worth when graded")
+    try:
+        impl_name()
+    except LabImplError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config._pagedlab_records = {}  # nodeid -> TestRecord
+    _CONFIG["config"] = config
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"pagedlab: implementation under test: {describe_impl()}"
+
+
+def _points_of(item: pytest.Item) -> list[float]:
+    return [m.args[0] if m.args else None for m in item.iter_markers(name="points")]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection: points are shared over all cases
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    problems = []
+    for item in items:
+        lab = lab_of_path(item.path)
+        points = _points_of(item)
+        if lab is None:
+            if points:
+                problems.append(f"{item.nodeid}: infrastructure tests carry no points")
+            continue
+        if len(points) != 1:
+            problems.append(f"{item.nodeid}: a lab test needs exactly one @pytest.mark.points(n)")
+        elif not isinstance(points[0], (int, float)) or points[0] <= 0:
+            problems.append(f"{item.nodeid}: points must be a positive number, got {points[0]!r}")
+    if problems:
+        raise pytest.UsageError("pagedlab grading markers:\n  " + "\n  ".join(problems))
+
+    # points(n) is what the test *function* is worth: its parametrized cases share n equally.
+    cases: dict[tuple, int] = {}
+    for item in items:
+        key = (str(item.path), getattr(item, "originalname", item.name))
+        cases[key] = cases.get(key, 0) + 1
+
+    records = config._pagedlab_records
+    for item in items:
+        lab = lab_of_path(item.path)
+        if lab is None:
+            continue
+        share = cases[(str(item.path), getattr(item, "originalname", item.name))]
+        # The docstring's first paragraph states the property the test proves.
+        doc = (getattr(item.function, "__doc__", None) or "").strip().split("\n\n")[0].split()
+        records[item.nodeid] = TestRecord(
+            nodeid=item.nodeid,
+            lab=lab,
+            name=item.name,
+            doc=" ".join(doc),
+            points=float(_points_of(item)[0]) / share,
+        )
+
+    only = config.getoption("--pagedlab-only")
+    if only:
+        names = {n.strip() for n in only.split(",") if n.strip()}
+        kept = [it for it in items if getattr(it, "originalname", it.name) in names]
+        config.hook.pytest_deselected(items=[it for it in items if it not in kept])
+        items[:] = kept
+
+
+def _short_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return crash.message
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # skip: (path, line, reason)
+        return str(report.longrepr[2])
+    text = str(report.longrepr or "")
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    rec = config._pagedlab_records.get(report.nodeid)
+    if rec is None:
+        return
+    rec.duration_s += report.duration
+    if rec.outcome in ("failed", "error"):
+        return  # the first non-pass decides
+    if report.failed:
+        rec.outcome = "failed" if report.when == "call" else "error"
+        rec.when = report.when
+        rec.message = _short_message(report)
+        rec.details = report.longreprtext[-MAX_DETAILS_CHARS:]
+    elif report.skipped and rec.outcome == "passed":
+        rec.outcome = "skipped"
+        rec.when = report.when
+        rec.message = _short_message(report).removeprefix("Skipped: ")
+    elif report.when == "call" and report.passed:
+        rec._phases.add("call")
+
+
+def _finished_records(config: pytest.Config) -> list[TestRecord]:
+    out = []
+    for rec in config._pagedlab_records.values():
+        if rec.outcome == "passed" and "call" not in rec._phases:
+            continue  # deselected or never ran (e.g. -x stopped early)
+        out.append(rec)
+    return out
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    path = config.getoption("--pagedlab-report")
+    if not path:
+        return
+    records = _finished_records(config)
+    payload = {
+        "implementation": describe_impl(),
+        "exitstatus": int(exitstatus),
+        "collected": [r.nodeid for r in config._pagedlab_records.values()],
+        "tests": [{k: v for k, v in asdict(r).items() if not k.startswith("_")} for r in records],
+    }
+    Path(path).write_text(json.dumps(payload, indent=1))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    from reference.gradebook import format_table, summarize
+
+    records = _finished_records(config)
+    if not records:
+        return
+    rows = summarize([asdict(r) for r in records])
+    terminalreporter.section("pagedlab grade")
+    terminalreporter.write_line(f"implementation: {describe_impl()}")
+    for line in format_table(rows).splitlines():
+        terminalreporter.write_line(line)

@@ -1,0 +1,114 @@
+"""Mutants: small broken copies of a lab solution, each making one classic mistake.
+
+A mutant lives in ``reference/mutants/<lab>/<mistake_name>.toml``::
+
+    mistake = "free() puts a block back on the free list even while others still use it"
+    caught_by = ["test_shared_block_stays_used_until_last_reference_is_freed"]
+    requires_gpu = false          # GPU-only mutants are checked where a GPU is present
+
+    [[edit]]                      # one or more exact text replacements
+    file = "solution.py"          # relative to solutions/<lab>/
+    old = "..."                   # must occur exactly once in the solution
+    new = "..."
+
+The copy is built on the fly from the current solution, so a mutant never drifts from the code
+it breaks: when ``old`` no longer matches exactly once, the check fails and says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reference.paths import MUTANTS_DIR, SOLUTIONS_DIR
+
+
+class MutantSpecError(ValueError):
+    """A mutant file is malformed or no longer matches the solution it edits."""
+
+
+@dataclass
+class Edit:
+    """One exact text replacement in a solution file."""
+
+    file: str
+    old: str
+    new: str
+
+
+@dataclass
+class Mutant:
+    """One classic mistake, as edits to a lab's solution."""
+
+    lab: str
+    name: str
+    mistake: str
+    caught_by: list[str]
+    requires_gpu: bool = False
+    edits: list[Edit] = field(default_factory=list)
+    path: Path | None = None
+
+
+def load_mutants(lab: str | None = None) -> list[Mutant]:
+    """Reads every mutant spec, optionally for one lab only.
+
+    Args:
+        lab: lab folder name, or None for all labs.
+
+    Returns:
+        Mutants sorted by lab then name.
+
+    Raises:
+        MutantSpecError: a spec lacks a field or has no edit.
+    """
+    out = []
+    for path in sorted(MUTANTS_DIR.glob(f"{lab or 'lab*'}/*.toml")):
+        data = tomllib.loads(path.read_text())
+        try:
+            edits = [Edit(e["file"], e["old"], e["new"]) for e in data["edit"]]
+            mutant = Mutant(
+                lab=path.parent.name,
+                name=path.stem,
+                mistake=data["mistake"],
+                caught_by=list(data["caught_by"]),
+                requires_gpu=bool(data.get("requires_gpu", False)),
+                edits=edits,
+                path=path,
+            )
+        except (KeyError, TypeError) as exc:
+            raise MutantSpecError(f"{path}: missing or malformed field {exc}") from None
+        if not mutant.caught_by or not mutant.edits:
+            raise MutantSpecError(f"{path}: needs caught_by and at least one [[edit]]")
+        out.append(mutant)
+    return out
+
+
+def build_mutant(mutant: Mutant, dest: Path) -> Path:
+    """Copies ``solutions/<lab>/`` to ``dest/<lab>`` and applies the mutant's edits.
+
+    Args:
+        mutant: the mutant to build.
+        dest: an empty scratch folder.
+
+    Returns:
+        The folder holding the mutated ``solution.py`` (for ``PAGEDLAB_IMPL_DIR``).
+
+    Raises:
+        MutantSpecError: an edit's ``old`` text does not occur exactly once.
+    """
+    target = dest / mutant.lab
+    shutil.copytree(SOLUTIONS_DIR / mutant.lab, target,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for edit in mutant.edits:
+        path = target / edit.file
+        text = path.read_text()
+        count = text.count(edit.old)
+        if count != 1:
+            raise MutantSpecError(
+                f"mutant {mutant.lab}/{mutant.name}: the 'old' text of its edit to {edit.file} "
+                f"occurs {count} times in the solution (must be exactly once) — update the mutant"
+            )
+        path.write_text(text.replace(edit.old, edit.new))
+    return target

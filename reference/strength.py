@@ -1,0 +1,141 @@
+"""``pagedlab check``: proves the tests are strong.
+
+(a) every lab test passes with the solutions (GPU tests may skip where there is no GPU);
+(b) untouched starters score 0, each failure being the starter's ``NotImplementedError("TODO…")``;
+(c) every mutant is caught by the tests it declares (``caught_by``), and each lab handout names
+    each of its mutants and the test that catches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from reference.gpu import gpu_available
+from reference.loader import MUTANT_DIR_ENV
+from reference.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
+from reference.paths import LABS_DIR, SOLUTIONS_DIR
+from reference.runner import GradingRunError, run_lab_tests
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("labs", nargs="*", help="lab folders or numbers (default: all)")
+    parser.add_argument("--skip-solution", action="store_true", help="skip (a)")
+    parser.add_argument("--skip-starter", action="store_true", help="skip (b)")
+    parser.add_argument("--skip-mutants", action="store_true", help="skip (c)")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
+
+
+def check_solution(labs: list[str] | None) -> list[str]:
+    """(a) Returns problems: solution tests that did not pass."""
+    run = run_lab_tests(labs, impl="solution")
+    bad = [r for r in run.records if r["outcome"] in ("failed", "error")]
+    skipped = [r for r in run.records if r["outcome"] == "skipped"]
+    print(f"(a) solutions: {len(run.records) - len(bad) - len(skipped)} passed, "
+          f"{len(bad)} failed, {len(skipped)} skipped")
+    reasons = sorted({r["message"] for r in skipped})
+    for reason in reasons[:5]:
+        print(f"      skipped: {reason}")
+    return [f"solution fails {r['nodeid']}: {r['message']}" for r in bad]
+
+
+def check_starter(labs: list[str] | None) -> list[str]:
+    """(b) Returns problems: starter tests that passed or failed without a TODO."""
+    run = run_lab_tests(labs, impl="starter")
+    problems = []
+    for r in run.records:
+        if r["outcome"] == "passed":
+            problems.append(f"untouched starter passes {r['nodeid']} (a test that cannot fail?)")
+        elif r["outcome"] in ("failed", "error") and "TODO(lab" not in r["message"] + r["details"]:
+            problems.append(f"starter fails {r['nodeid']} without a TODO message: {r['message']}")
+    passed = sum(r["outcome"] == "passed" for r in run.records)
+    skipped = sum(r["outcome"] == "skipped" for r in run.records)
+    print(f"(b) starters: {passed} passed (must be 0), "
+          f"{len(run.records) - passed - skipped} failed, {skipped} skipped")
+    return problems
+
+
+def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
+    """Returns (mutant, problem or None)."""
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        try:
+            folder = build_mutant(mutant, Path(tmp))
+        except MutantSpecError as exc:
+            return mutant, str(exc)
+        try:
+            run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
+                                only=mutant.caught_by, timeout_s=900)
+        except GradingRunError as exc:
+            return mutant, f"test run broke: {exc}"
+    by_name: dict[str, list[dict]] = {}
+    for r in run.records:
+        by_name.setdefault(r["nodeid"].split("::")[-1].split("[")[0], []).append(r)
+    missing = [n for n in mutant.caught_by if n not in by_name]
+    if missing:
+        return mutant, f"caught_by names unknown tests: {missing}"
+    escaped = []
+    for name in mutant.caught_by:
+        results = by_name[name]
+        if all(r["outcome"] == "skipped" for r in results):
+            return mutant, f"{name} skipped: {results[0]['message']}"
+        # Caught means a real assertion failed in the test body, not a broken import.
+        if not any(r["outcome"] == "failed" and r["when"] == "call" for r in results):
+            escaped.append(name)
+    if escaped:
+        return mutant, f"NOT caught by {escaped}"
+    return mutant, None
+
+
+def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
+    """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts."""
+    mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
+    have_gpu = gpu_available()
+    runnable = [m for m in mutants if have_gpu or not m.requires_gpu]
+    waiting = [m for m in mutants if m not in runnable]
+    problems = []
+    for m in mutants:
+        handout = (LABS_DIR / m.lab / "README.md")
+        text = handout.read_text() if handout.exists() else ""
+        for needle in [m.name, *m.caught_by]:
+            if needle not in text:
+                problems.append(f"handout {m.lab}/README.md does not mention `{needle}` "
+                                f"(mutant {m.name})")
+    print(f"(c) mutants: checking {len(runnable)} ({len(waiting)} need a GPU, not checked here)")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for mutant, problem in pool.map(_check_one, runnable):
+            status = "caught" if problem is None else f"PROBLEM: {problem}"
+            print(f"      {mutant.lab}/{mutant.name}: {status}")
+            if problem:
+                problems.append(f"mutant {mutant.lab}/{mutant.name}: {problem}")
+    for m in waiting:
+        print(f"      {m.lab}/{m.name}: needs a GPU (not checked here)")
+    return problems
+
+
+def main(args: argparse.Namespace) -> int:
+    from reference.grade import resolve_labs
+
+    if not SOLUTIONS_DIR.is_dir():
+        print("pagedlab check: needs solutions/ (not available in a student release)", file=sys.stderr)
+        return 2
+    labs = resolve_labs(args.labs) if args.labs else None
+    problems: list[str] = []
+    try:
+        if not args.skip_solution:
+            problems += check_solution(labs)
+        if not args.skip_starter:
+            problems += check_starter(labs)
+        if not args.skip_mutants:
+            problems += check_mutants(labs, args.jobs)
+    except GradingRunError as exc:
+        problems.append(f"a test run broke: {exc}")
+    if problems:
+        print(f"\npagedlab check: {len(problems)} problem(s)")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\npagedlab check: the tests are strong (solutions pass, starters score 0, mutants caught)")
+    return 0
