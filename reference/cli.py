@@ -18,6 +18,7 @@ import reference.bench
 COMMANDS = {
     "grade": ("reference.grade", "run the lab tests and grade them (honours LAB_IMPL)"),
     "check": ("reference.strength", "prove test strength: solutions pass, starters 0, mutants caught"),
+    "compile": ("reference.compile", "compile-check every .cu file for sm_80 and sm_90 (no GPU needed)"),
 }
 
 

@@ -1,0 +1,108 @@
+"""``pagedlab compile``: compile-check every ``.cu`` file for sm_80 and sm_90, no GPU needed.
+
+Uses ``nvcc`` when it is on PATH (or under ``$CUDA_HOME``), else NVRTC through CuPy. Errors are
+printed with file and line numbers, as the compiler reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from reference.cuda import BASE_OPTIONS, cuda_home, include_options
+from reference.paths import LABS_DIR, SOLUTIONS_DIR
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", help=".cu files or folders (default: labs/ and solutions/)")
+    parser.add_argument("--arch", nargs="+", default=list(DEFAULT_ARCHS), help="targets, e.g. sm_90")
+    parser.add_argument("--resources", action="store_true",
+                        help="print registers / shared memory / spills per kernel (nvcc only)")
+
+
+def find_cu_files(paths: list[str] | None = None) -> list[Path]:
+    """Returns the ``.cu`` files under the given paths (default: labs/ and solutions/)."""
+    roots = [Path(p) for p in paths] if paths else [LABS_DIR, SOLUTIONS_DIR]
+    files: list[Path] = []
+    for root in roots:
+        files += [root] if root.is_file() else sorted(root.rglob("*.cu"))
+    return files
+
+
+def nvcc_path() -> str | None:
+    """Returns the nvcc executable, or None."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = cuda_home()
+    if home and (home / "bin" / "nvcc").exists():
+        return str(home / "bin" / "nvcc")
+    return None
+
+
+def compiler_available() -> str | None:
+    """Returns "nvcc", "nvrtc" or None: what :func:`compile_cu` would use."""
+    if nvcc_path():
+        return "nvcc"
+    try:
+        import cupy.cuda.compiler  # noqa: F401
+
+        return "nvrtc"
+    except Exception:  # noqa: BLE001 — CuPy missing or its CUDA libraries missing
+        return None
+
+
+def compile_cu(path: Path, arch: str, *, resources: bool = False) -> tuple[bool, str]:
+    """Compiles one file for one target (through ptxas when nvcc is used).
+
+    Args:
+        path: the ``.cu`` file.
+        arch: ``sm_XX`` target.
+        resources: ask ptxas for the per-kernel resource report.
+
+    Returns:
+        (ok, compiler output).
+    """
+    nvcc = nvcc_path()
+    if nvcc:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [nvcc, *BASE_OPTIONS, f"-arch={arch}", "-cubin", "-o", str(Path(tmp) / "k.cubin"),
+                   f"-I{path.parent}", *include_options(), str(path)]
+            if resources:
+                cmd.insert(1, "-Xptxas=-v")
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+    from cupy.cuda import compiler
+
+    try:
+        compiler.compile_using_nvrtc(path.read_text(), options=BASE_OPTIONS + (f"-I{path.parent}",)
+                                     + include_options(), arch=arch.replace("sm_", ""),
+                                     filename=str(path))
+        return True, ""
+    except compiler.CompileException as exc:
+        return False, str(exc)
+
+
+def main(args: argparse.Namespace) -> int:
+    tool = compiler_available()
+    if tool is None:
+        print("pagedlab compile: neither nvcc nor NVRTC (CuPy) is available; install the CUDA "
+              "toolkit or pip install -e '.[gpu]'", file=sys.stderr)
+        return 2
+    files = find_cu_files(args.paths)
+    failures = 0
+    for path in files:
+        for arch in args.arch:
+            ok, log = compile_cu(path, arch, resources=args.resources)
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {arch} {path} ({tool})")
+            if log and (not ok or args.resources):
+                print("    " + log.replace("\n", "\n    "))
+    print(f"\n{len(files)} files × {len(args.arch)} targets: {failures} failed")
+    return 1 if failures else 0

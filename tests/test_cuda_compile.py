@@ -1,0 +1,21 @@
+"""Infrastructure (no points): every .cu file, starter and solution, compiles for sm_80 and sm_90.
+
+Runs wherever nvcc or NVRTC is available (CI has nvcc); no GPU is needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reference.compile import DEFAULT_ARCHS, compile_cu, compiler_available, find_cu_files
+
+CU_FILES = find_cu_files()
+
+
+@pytest.mark.skipif(compiler_available() is None, reason="neither nvcc nor NVRTC is available")
+@pytest.mark.parametrize("arch", DEFAULT_ARCHS)
+@pytest.mark.parametrize("path", CU_FILES, ids=[str(p.relative_to(p.parents[2])) for p in CU_FILES])
+def test_cu_file_compiles(path, arch):
+    """The file compiles (through ptxas) for the target, so students never start from a broken file."""
+    ok, log = compile_cu(path, arch)
+    assert ok, f"{path} does not compile for {arch}:\n{log}"
