@@ -1,13 +1,18 @@
 """Turns a graded pytest report into what people read: a table, Gradescope JSON, Markdown.
 
 Input records are the dicts :mod:`reference.grading` writes (nodeid, lab, name, doc, points,
-outcome, when, message, details).
+outcome, when, message, details, hidden). A *hidden* test (:mod:`reference.hidden`) is shown to
+students after the due date, with its failure message only; the summary always counts how many
+hidden tests failed per lab. ``notes`` are grader findings shown to everyone (tampered files,
+tests that never reported, collection errors).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from reference.hidden import hidden_summary, student_message
 
 TODO_RE = re.compile(r"TODO\((lab\d+\.\d+)\):?\s*([^\n'\"]*)")
 
@@ -97,23 +102,30 @@ def todos(records: list[dict]) -> list[tuple[str, str]]:
     return [(t, found[t]) for t in sorted(found, key=key)]
 
 
-def gradescope_results(records: list[dict], implementation: str) -> dict:
+def gradescope_results(records: list[dict], implementation: str,
+                       notes: list[str] | tuple[str, ...] = ()) -> dict:
     """Builds a Gradescope ``results.json`` payload.
 
     Args:
         records: graded test records.
         implementation: which implementation was graded (shown to the student).
+        notes: grader findings to show at the top (tampered files, crashes, ...).
 
     Returns:
         A dict with ``score``, ``max_score``, ``output`` and ``tests``; each test has name, score,
-        max_score, status, output (the failure message) and tags (its lab).
+        max_score, status, output (the failure message) and tags (its lab). Hidden tests have
+        ``visibility: after_due_date`` and their output is the failure message alone (never
+        the traceback, which quotes the test's code).
     """
     tests = []
     for rec in records:
         passed = rec["outcome"] == "passed"
+        hidden = bool(rec.get("hidden"))
         output = ""
         if rec["outcome"] == "skipped":
             output = f"skipped: {rec['message']}"
+        elif not passed and hidden:
+            output = student_message(rec["message"])
         elif not passed:
             output = rec["message"]
             if rec.get("details"):
@@ -121,29 +133,35 @@ def gradescope_results(records: list[dict], implementation: str) -> dict:
         name = rec["nodeid"].split("::", 1)[-1]
         if rec.get("doc"):
             name = f"{name}: {rec['doc']}"
-        tests.append(
-            {
-                "name": f"{rec['lab']} · {name}",
-                "score": round(rec["points"], 4) if passed else 0,
-                "max_score": round(rec["points"], 4),
-                "status": "passed" if passed else "failed",
-                "output": output,
-                "tags": [rec["lab"]],
-            }
-        )
+        test = {
+            "name": f"{rec['lab']} · {'hidden · ' if hidden else ''}{name}",
+            "score": round(rec["points"], 4) if passed else 0,
+            "max_score": round(rec["points"], 4),
+            "status": "passed" if passed else "failed",
+            "output": output,
+            "tags": [rec["lab"], "hidden"] if hidden else [rec["lab"]],
+        }
+        if hidden:
+            test["visibility"] = "after_due_date"
+        tests.append(test)
     rows = summarize(records)
+    output = [f"Graded implementation: {implementation}", *hidden_summary(records), *notes]
     return {
         "score": round(sum(r.points for r in rows), 4),
         "max_score": round(sum(r.max_points for r in rows), 4),
-        "output": f"Graded implementation: {implementation}",
+        "output": "\n".join(output),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
     }
 
 
-def markdown_summary(records: list[dict], implementation: str) -> str:
-    """Returns a Markdown summary (for ``$GITHUB_STEP_SUMMARY`` and instructors)."""
+def markdown_summary(records: list[dict], implementation: str,
+                     notes: list[str] | tuple[str, ...] = ()) -> str:
+    """Returns a Markdown summary (for ``$GITHUB_STEP_SUMMARY`` and instructors).
+
+    Hidden tests appear only as per-lab counts of failures, never by name.
+    """
     rows = summarize(records)
     lines = [
         "## PagedAttention Lab grade",
@@ -161,11 +179,17 @@ def markdown_summary(records: list[dict], implementation: str) -> str:
     tot_p = sum(r.points for r in rows)
     tot_m = sum(r.max_points for r in rows)
     lines.append(f"| **total** | | | **{_fmt_points(tot_p)}/{_fmt_points(tot_m)}** |")
+    hidden_lines = hidden_summary(records)
+    if hidden_lines:
+        lines += ["", "### Hidden tests", ""] + [f"- {line}" for line in hidden_lines]
+    if notes:
+        lines += ["", "### Grader notes", ""] + [f"- {note}" for note in notes]
     open_todos = todos(records)
     if open_todos:
         lines += ["", "### Still to do", ""]
         lines += [f"- `TODO({tag})` {text}" for tag, text in open_todos]
-    failed = [r for r in records if r["outcome"] in ("failed", "error") and "TODO(" not in r["message"]]
+    failed = [r for r in records if r["outcome"] in ("failed", "error")
+              and "TODO(" not in r["message"] and not r.get("hidden")]
     if failed:
         lines += ["", "### Failing tests", ""]
         for r in failed[:50]:

@@ -9,7 +9,11 @@ Loaded by the root ``conftest.py``. It
 * writes the raw report with ``--pagedlab-report PATH`` (what ``pagedlab grade`` and
   ``pagedlab check`` read, so grading never parses terminal output);
 * ``--pagedlab-only name1,name2`` keeps only tests with those function names (the mutant check
-  runs just the tests a mutant is declared to be caught by).
+  runs just the tests a mutant is declared to be caught by);
+* ``--pagedlab-log PATH`` appends signed events as the run goes (the tests collected, each
+  test's start and result, the end of the session): what :mod:`reference.runner` grades from,
+  so a test process that dies mid-run still leaves a usable, checkable record
+  (:mod:`reference.signed_log`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from reference.loader import LabImplError, describe_impl, impl_name
-from reference.paths import lab_of_path
+from reference.paths import is_hidden_path, lab_of_path
+from reference.signed_log import LogWriter, take_key_from_env
 
 #: Longest failure text kept per test (Gradescope shows it to the student).
 MAX_DETAILS_CHARS = 4000
@@ -44,6 +49,7 @@ class TestRecord:
     message: str = ""  # one line: the exception and its message
     details: str = ""  # the (truncated) traceback
     duration_s: float = 0.0
+    hidden: bool = False  # an instructor-only test (reference/hidden.py)
     _phases: set = field(default_factory=set, repr=False)
 
 
@@ -53,6 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--pagedlab-only", default=None, help="comma-separated test function names to keep"
     )
+    group.addoption("--pagedlab-log", default=None,
+                    help="append signed grading events here as the run goes (for the grader)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +70,18 @@ def pytest_configure(config: pytest.Config) -> None:
     except LabImplError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._pagedlab_records = {}  # nodeid -> TestRecord
+    config._pagedlab_log = None
+    log_path = config.getoption("--pagedlab-log")
+    if log_path:
+        # Take the key now: no student code has been imported yet (impl loads in a fixture).
+        config._pagedlab_log = LogWriter(log_path, take_key_from_env())
     _CONFIG["config"] = config
+
+
+def _log(config: pytest.Config | None, body: dict) -> None:
+    writer = getattr(config, "_pagedlab_log", None) if config is not None else None
+    if writer is not None:
+        writer.write(body)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -112,6 +131,7 @@ def pytest_collection_modifyitems(
             name=item.name,
             doc=" ".join(doc),
             points=float(_points_of(item)[0]) / share,
+            hidden=is_hidden_path(item.path),
         )
 
     only = config.getoption("--pagedlab-only")
@@ -120,6 +140,40 @@ def pytest_collection_modifyitems(
         kept = [it for it in items if getattr(it, "originalname", it.name) in names]
         config.hook.pytest_deselected(items=[it for it in items if it not in kept])
         items[:] = kept
+
+
+def _public(rec: TestRecord) -> dict:
+    return {k: v for k, v in asdict(rec).items() if not k.startswith("_")}
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _log(_CONFIG.get("config"), {"event": "collect_error", "nodeid": report.nodeid,
+                                     "message": _short_message(report)[:MAX_DETAILS_CHARS]})
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What this process will run (after -k/-m/--pagedlab-only): the grader's expected list.
+    records = session.config._pagedlab_records
+    tests = [_public(records[it.nodeid]) for it in session.items if it.nodeid in records]
+    _log(session.config, {"event": "collected", "implementation": describe_impl(), "tests": tests})
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    config = _CONFIG.get("config")
+    if config is not None and nodeid in config._pagedlab_records:
+        _log(config, {"event": "start", "nodeid": nodeid})
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    config = _CONFIG.get("config")
+    rec = config._pagedlab_records.get(nodeid) if config is not None else None
+    if rec is None:
+        return
+    body = _public(rec)
+    if rec.outcome == "passed" and "call" not in rec._phases:
+        body.update(outcome="error", message="the test body never ran")
+    _log(config, {"event": "result", **body})
 
 
 def _short_message(report: pytest.TestReport) -> str:
@@ -166,6 +220,7 @@ def _finished_records(config: pytest.Config) -> list[TestRecord]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    _log(config, {"event": "finish", "exitstatus": int(exitstatus)})
     path = config.getoption("--pagedlab-report")
     if not path:
         return
@@ -174,7 +229,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "implementation": describe_impl(),
         "exitstatus": int(exitstatus),
         "collected": [r.nodeid for r in config._pagedlab_records.values()],
-        "tests": [{k: v for k, v in asdict(r).items() if not k.startswith("_")} for r in records],
+        "tests": [_public(r) for r in records],
     }
     Path(path).write_text(json.dumps(payload, indent=1))
 

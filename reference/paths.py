@@ -19,9 +19,28 @@ def lab_names() -> list[str]:
 
 
 def lab_of_path(path: str | Path) -> str | None:
-    """Returns the lab folder name a path lies in (``labs/<lab>/...``), or None."""
+    """Returns the lab a path belongs to, or None.
+
+    Lab tests live in ``labs/<lab>/``; a lab's *hidden* tests (instructor-only, see
+    ``reference/hidden.py``) live in ``solutions/<lab>/hidden/`` or, in a grading bundle,
+    ``hidden/<lab>/``. All three count as tests of ``<lab>``.
+    """
     parts = Path(path).resolve().parts
     for i, part in enumerate(parts[:-1]):
-        if part == "labs" and parts[i + 1].startswith("lab"):
+        if part in ("labs", "hidden") and parts[i + 1].startswith("lab"):
+            return parts[i + 1]
+        if (part == "solutions" and parts[i + 1].startswith("lab") and i + 3 < len(parts)
+                and parts[i + 2] == "hidden"):
             return parts[i + 1]
     return None
+
+
+def is_hidden_path(path: str | Path) -> bool:
+    """Returns True for a file among a lab's hidden tests (``solutions/<lab>/hidden/``,
+    ``hidden/<lab>/``)."""
+    parts = Path(path).resolve().parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "hidden" and (parts[i + 1].startswith("lab")
+                                 or (i >= 2 and parts[i - 2] == "solutions")):
+            return True
+    return False

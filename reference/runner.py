@@ -1,35 +1,80 @@
-"""Runs the lab tests in a child pytest process and reads back the graded JSON report.
+"""Runs the lab tests in child pytest processes — one per lab — and grades from a signed log.
 
-Grading never runs student code in the grader's own process: a crash, ``sys.exit`` or a hung
-kernel costs the child, and the grader still reports.
+Grading never runs student code in the grader's own process, and it never trusts the test
+process to say how it went:
+
+* **One child per lab.** A crash, a sticky CUDA error (an illegal memory access poisons the
+  CUDA context of its process) or a hang costs that lab's child, never the other labs.
+* **Per-test timeout.** pytest-timeout fails a test that runs past ``test_timeout_s``; a test
+  stuck outside Python (a hung kernel, a C loop) is killed by the watchdog here a little later.
+* **Completeness.** The child logs the tests it collected before any student code is imported,
+  then each test's start and result (:mod:`reference.signed_log`). Every expected test without
+  a result is graded *failed*: the one that was running when the child died gets the cause
+  (exit code or signal), and the child is restarted on the tests not yet run (at most
+  ``MAX_RESTARTS`` times per lab). A test process that calls ``os._exit(0)`` or kills itself
+  can therefore lose points, never gain them.
+* **Expected tests** come from the collection, or — in a release or a grading bundle — from the
+  manifest (``expected``), so a deleted or broken test file fails its tests instead of
+  shrinking the maximum.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from reference.paths import LABS_DIR, REPO_ROOT
+from reference.hidden import hidden_dirs
+from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
+from reference.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
+
+#: Per-test limit when grading (seconds). The slowest lab test takes a few seconds on a CPU.
+DEFAULT_TEST_TIMEOUT_S = 60.0
+#: How long past the per-test limit the watchdog waits before killing a stuck test process
+#: (``PAGEDLAB_KILL_GRACE_S`` overrides it; the infrastructure tests shorten it).
+KILL_GRACE_S = float(os.environ.get("PAGEDLAB_KILL_GRACE_S", "15"))
+#: Child restarts per lab after the test process died; the rest then fail unrun.
+MAX_RESTARTS = 3
+
+
+class ProgressFn(Protocol):
+    """What the runner reports to (see :class:`reference.progress.Progress`)."""
+
+    def start(self, lab: str) -> None: ...
+    def update(self, lab: str, done: int, total: int) -> None: ...
+    def end(self, lab: str, records: list[dict]) -> None: ...
 
 
 @dataclass
 class RunResult:
-    """What one child pytest run produced."""
+    """What grading some labs produced."""
 
     exitstatus: int
-    records: list[dict]
-    collected: list[str]
+    records: list[dict]  # one per expected test, in order
+    collected: list[str]  # the expected node ids
     implementation: str
-    output: str
+    output: str  # the children's output (tail per lab)
+    problems: list[str] = field(default_factory=list)  # collection errors, unexpected tests
 
 
 class GradingRunError(RuntimeError):
-    """The child pytest run produced no usable report (crash, usage error, nothing collected)."""
+    """A lab could not be graded at all (no test collected, nothing expected known)."""
+
+
+@dataclass
+class _Child:
+    returncode: int
+    killed: str | None  # why the watchdog killed it, if it did
+    output: str
+    events: list[dict]
+    rejected: int
 
 
 def run_lab_tests(
@@ -40,47 +85,261 @@ def run_lab_tests(
     only: list[str] | None = None,
     extra_args: list[str] | None = None,
     timeout_s: float = 1800,
+    test_timeout_s: float | None = DEFAULT_TEST_TIMEOUT_S,
+    include_hidden: bool = True,
+    expected: dict[str, dict[str, float]] | None = None,
+    progress: ProgressFn | None = None,
 ) -> RunResult:
-    """Runs pytest over lab folders in a child process.
+    """Runs the tests of each lab in its own child pytest process.
 
     Args:
         labs: lab folder names; None means every lab.
         impl: ``starter`` or ``solution`` (sets ``LAB_IMPL``); None keeps the environment's.
-        env: extra environment variables for the child.
+        env: extra environment variables for the children.
         only: keep only tests with these function names (``--pagedlab-only``).
         extra_args: more pytest arguments.
-        timeout_s: wall-clock limit for the whole child run.
+        timeout_s: wall-clock limit per lab.
+        test_timeout_s: per-test limit; None disables it.
+        include_hidden: also run each lab's hidden tests (:mod:`reference.hidden`).
+        expected: lab -> {node id: points} the run must account for (a manifest's list);
+            labs absent here expect what their collection finds.
+        progress: told when each lab starts and ends, and as test results arrive.
 
     Returns:
-        The parsed report.
+        Records for every expected test of every lab (failed where no result came back).
 
     Raises:
-        GradingRunError: the child wrote no report, or collected nothing.
+        GradingRunError: a lab's child collected nothing and nothing was expected of it, or
+            no lab had any test.
     """
-    paths = [str(LABS_DIR / lab) for lab in labs] if labs else [str(LABS_DIR)]
+    runs = [
+        _run_lab(lab, impl=impl, env=env, only=only, extra_args=extra_args, timeout_s=timeout_s,
+                 test_timeout_s=test_timeout_s, include_hidden=include_hidden,
+                 expected=(expected or {}).get(lab), progress=progress)
+        for lab in (labs or lab_names())
+    ]
+    records = [r for run in runs for r in run.records]
+    collected = [n for run in runs for n in run.collected]
+    if not collected:
+        tail = "\n".join(run.output[-2000:] for run in runs)
+        raise GradingRunError(f"pytest collected no lab test:\n{tail}")
+    impls = [run.implementation for run in runs if run.implementation]
+    return RunResult(
+        exitstatus=max(run.exitstatus for run in runs),
+        records=records,
+        collected=collected,
+        implementation=impls[0] if impls else "",
+        output="\n".join(run.output for run in runs),
+        problems=[p for run in runs for p in run.problems],
+    )
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT))
+
+
+def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s, include_hidden,
+             expected, progress) -> RunResult:
+    paths = [_rel(LABS_DIR / lab)]
+    if include_hidden:
+        paths += [_rel(d) for d in hidden_dirs(lab)]
+    names = set(only or [])
+    want: dict[str, dict] | None = None
+    if expected is not None:
+        want = {nid: _meta(nid, lab, pts) for nid, pts in expected.items()
+                if not names or _func_name(nid) in names}
+    results: dict[str, dict] = {}
+    failures: dict[str, str] = {}  # node id -> why it has no result
+    known: set[str] = set()  # node ids some child collected (safe to pass on a command line)
+    problems: list[str] = []
+    outputs, implementation, exitstatus = [], "", 0
+    args, deaths = paths, 0
+    if progress:
+        progress.start(lab)
+    while True:
+        child = _run_child(args, lab=lab, impl=impl, env=env, only=only, extra_args=extra_args,
+                           timeout_s=timeout_s, test_timeout_s=test_timeout_s, progress=progress,
+                           done=len(results) + len(failures), total=len(want or {}))
+        outputs.append(child.output[-4000:])
+        exitstatus = max(exitstatus, child.returncode if child.returncode >= 0 else 128)
+        if child.rejected:
+            problems.append(f"{lab}: {child.rejected} line(s) of the grading log were unsigned or "
+                            f"forged and were ignored (something wrote to the report)")
+        collected = next((e for e in child.events if e.get("event") == "collected"), None)
+        if collected is not None:
+            implementation = implementation or collected.get("implementation", "")
+            known.update(t["nodeid"] for t in collected["tests"])
+            if want is None:
+                want = {t["nodeid"]: t for t in collected["tests"]}
+            else:
+                for t in collected["tests"]:
+                    if t["nodeid"] in want:
+                        want[t["nodeid"]] = {**t, "points": want[t["nodeid"]]["points"]}
+                    else:
+                        problems.append(f"{lab}: {t['nodeid']} is not in the manifest (an added "
+                                        f"test?); it is not graded")
+        elif want is None:
+            raise GradingRunError(f"{lab}: the test process collected nothing "
+                                  f"(exit {child.returncode}):\n{child.output[-3000:]}")
+        running = None
+        for event in child.events:
+            kind = event.get("event")
+            if kind == "start":
+                running = event["nodeid"]
+            elif kind == "result":
+                results.setdefault(event["nodeid"], event)
+                running = None
+            elif kind == "collect_error":
+                problems.append(f"{lab}: collection error in {event['nodeid']}: {event['message']}")
+        finished = any(e.get("event") == "finish" for e in child.events)
+        if running is not None and running not in results:
+            failures[running] = _death_message(child, test_timeout_s)
+        remaining = [n for n in want if n not in results and n not in failures]
+        if finished or not remaining:
+            break
+        deaths += 1
+        runnable = [n for n in remaining if n in known]
+        if deaths > MAX_RESTARTS or not runnable:
+            for nid in remaining:
+                failures[nid] = (f"not run: the test process of {lab} died {deaths} times "
+                                 f"({_how(child, test_timeout_s)}); tests that did not run earn "
+                                 f"no points")
+            break
+        args = runnable
+    records = [_record(nid, meta, results.get(nid), failures.get(nid), problems)
+               for nid, meta in want.items()]
+    if progress:
+        progress.end(lab, records)
+    tail = "\n".join(outputs)
+    return RunResult(exitstatus, records, list(want), implementation,
+                     f"== {lab}\n{tail}", problems)
+
+
+def _func_name(nodeid: str) -> str:
+    return nodeid.split("::")[-1].split("[")[0]
+
+
+def _meta(nodeid: str, lab: str, points: float) -> dict:
+    return {"nodeid": nodeid, "lab": lab, "name": nodeid.split("::")[-1], "doc": "",
+            "points": float(points), "hidden": is_hidden_path(REPO_ROOT / nodeid.split("::")[0])}
+
+
+def _record(nodeid: str, meta: dict, result: dict | None, failure: str | None,
+            problems: list[str]) -> dict:
+    keys = ("nodeid", "lab", "name", "doc", "points", "hidden")
+    rec = {k: meta.get(k) for k in keys}
+    if result is not None:
+        rec.update({k: result.get(k, "") for k in ("outcome", "when", "message", "details")})
+        rec["duration_s"] = result.get("duration_s", 0.0)
+        return rec
+    if failure is None:
+        path = nodeid.split("::")[0]
+        why = next((p.split(": ", 2)[-1] for p in problems if f"collection error in {path}" in p),
+                   None)
+        failure = ("did not run: its test file failed to import: " + why if why else
+                   "did not run: the test was not collected (deleted, renamed or broken test file?)")
+    rec.update(outcome="failed", when="call", message=failure, details="", duration_s=0.0)
+    return rec
+
+
+def _how(child: _Child, test_timeout_s: float | None) -> str:
+    if child.killed:
+        return child.killed
+    code = child.returncode
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code} before the run finished"
+
+
+def _death_message(child: _Child, test_timeout_s: float | None) -> str:
+    how = _how(child, test_timeout_s)
+    if child.killed and "timeout" in child.killed:
+        return f"killed: {how} — stuck outside Python? (a hung kernel, an endless C loop)"
+    return (f"the test process died while this test ran ({how}): os._exit, sys.exit in a "
+            f"thread, a segfault or a kill — no points for a test that did not finish")
+
+
+def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, test_timeout_s,
+               progress, done, total) -> _Child:
     child_env = dict(os.environ)
     child_env.pop("PYTEST_ADDOPTS", None)
     if impl is not None:
         child_env["LAB_IMPL"] = impl
     child_env.update(env or {})
+    key = new_key()
+    # NOTE: mkdtemp is private (0700) and unpredictable; the log is signed anyway.
     with tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
-        report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider",
-               "--pagedlab-report", str(report), "--rootdir", str(REPO_ROOT),
-               "-c", str(REPO_ROOT / "pyproject.toml")]
+        log, out_path = Path(tmp) / "log.jsonl", Path(tmp) / "output.txt"
+        # NOTE: -p no:nbval — grading runs no notebooks, and nbval's imports cost seconds per
+        # child (nbformat -> jsonschema); every lab and every restart pays process start-up.
+        cmd = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
+               "-p", "no:nbval",
+               "--pagedlab-log", str(log), "--rootdir", str(REPO_ROOT),
+               "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors"]
+        if test_timeout_s and importlib.util.find_spec("pytest_timeout") is not None:
+            cmd += [f"--timeout={test_timeout_s:g}", "--timeout-method=signal"]
         if only:
             cmd += ["--pagedlab-only", ",".join(only)]
         cmd += extra_args or []
+        read_fd = key_pipe(key)
+        child_env[KEY_FD_ENV] = str(read_fd)
+        with open(out_path, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    pass_fds=(read_fd,), start_new_session=True)
+        os.close(read_fd)
+        tail = LogTail(log, key)
         try:
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env, capture_output=True,
-                                  text=True, timeout=timeout_s)
-            output, code = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            raise GradingRunError(f"pytest ran past {timeout_s:.0f}s\n{output[-3000:]}") from None
-        if not report.exists():
-            raise GradingRunError(f"pytest exited {code} without a report:\n{output[-3000:]}")
-        data = json.loads(report.read_text())
-    if not data["collected"]:
-        raise GradingRunError(f"pytest collected no lab test (exit {code}):\n{output[-3000:]}")
-    return RunResult(code, data["tests"], data["collected"], data["implementation"], output)
+            events, killed = _watch(proc, tail, lab=lab, timeout_s=timeout_s,
+                                    test_timeout_s=test_timeout_s, progress=progress, done=done,
+                                    total=total)
+        finally:
+            _kill_group(proc)  # whatever the test process left behind (or on Ctrl-C)
+            proc.wait()
+        events += tail.poll(final=True)
+        output = out_path.read_text(errors="replace")
+    return _Child(proc.returncode, killed, output, events, tail.rejected)
+
+
+def _watch(proc: subprocess.Popen, tail: LogTail, *, lab, timeout_s, test_timeout_s, progress,
+           done, total) -> tuple[list[dict], str | None]:
+    """Waits for the child, reporting progress and killing it when a test or the lab overruns."""
+    events: list[dict] = []
+    start = time.monotonic()
+    test_started: float | None = None
+    hard_limit = test_timeout_s + KILL_GRACE_S if test_timeout_s else None
+    while True:
+        new = tail.poll()
+        for event in new:
+            kind = event.get("event")
+            if kind == "collected" and not total:
+                total = len(event["tests"])
+            elif kind == "start":
+                test_started = time.monotonic()
+            elif kind == "result":
+                test_started, done = None, done + 1
+                if progress:
+                    progress.update(lab, done, total)
+        events += new
+        if proc.poll() is not None:
+            return events, None
+        now = time.monotonic()
+        if hard_limit and test_started is not None and now - test_started > hard_limit:
+            _kill_group(proc)
+            proc.wait()
+            return events, f"past the per-test timeout of {test_timeout_s:g}s"
+        if now - start > timeout_s:
+            _kill_group(proc)
+            proc.wait()
+            return events, f"past the lab's time limit of {timeout_s:g}s"
+        time.sleep(0.05)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -39,7 +39,7 @@ def check_solution(labs: list[str] | None) -> list[str]:
     reasons = sorted({r["message"] for r in skipped})
     for reason in reasons[:5]:
         print(f"      skipped: {reason}")
-    return [f"solution fails {r['nodeid']}: {r['message']}" for r in bad]
+    return [f"solution fails {r['nodeid']}: {r['message']}" for r in bad] + run.problems
 
 
 def check_starter(labs: list[str] | None) -> list[str]:
@@ -55,7 +55,7 @@ def check_starter(labs: list[str] | None) -> list[str]:
     skipped = sum(r["outcome"] == "skipped" for r in run.records)
     print(f"(b) starters: {passed} passed (must be 0), "
           f"{len(run.records) - passed - skipped} failed, {skipped} skipped")
-    return problems
+    return problems + run.problems
 
 
 def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
