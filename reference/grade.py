@@ -1,4 +1,18 @@
-"""``pagedlab grade``: run the lab tests, print the grade table, write results.json and Markdown."""
+"""``pagedlab grade``: run the lab tests, print the grade table, write results.json and Markdown.
+
+Each lab runs in its own test process (:mod:`reference.runner`); results come back through a
+signed log and are checked for completeness. Where the tree has a release manifest
+(``.pagedlab-manifest.json``), it is verified first and its test list is what must be
+accounted for (:mod:`reference.manifest`).
+
+Exit codes (for CI):
+  0  graded (whatever the score);
+  1  graded, but the score is below ``--fail-under``;
+  2  could not grade: bad ``LAB_IMPL``, unknown lab, a lab whose tests could not be collected,
+     or grading refused because protected files changed (``--on-tamper refuse``);
+  3  graded, but the grade is not trustworthy as it stands: protected files edited, deleted or
+     added, tests missing from the run, test files that failed to import, forged log lines.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +22,16 @@ import os
 import sys
 from pathlib import Path
 
+from reference.classroom import classroom_result, write_step_output
 from reference.gradebook import format_table, gradescope_results, markdown_summary, summarize, todos
+from reference.hidden import hidden_summary
 from reference.loader import LabImplError, impl_name
-from reference.paths import lab_names
-from reference.runner import GradingRunError, run_lab_tests
+from reference.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
+from reference.paths import REPO_ROOT, lab_names
+from reference.progress import Progress
+from reference.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
+
+EXIT_OK, EXIT_BELOW, EXIT_CANNOT_GRADE, EXIT_UNTRUSTED = 0, 1, 2, 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", default="grade-summary.md", help="Markdown summary path")
     parser.add_argument("--fail-under", type=float, default=None,
                         help="exit 1 if the score (in %% of the maximum) is below this")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TEST_TIMEOUT_S,
+                        help="per-test time limit in seconds (default %(default)g; 0 = none)")
+    parser.add_argument("--no-hidden", action="store_true",
+                        help="leave out the instructor-only hidden tests")
+    parser.add_argument("--manifest", default=None,
+                        help=f"release manifest to verify (default: ./{MANIFEST_NAME} if present)")
+    parser.add_argument("--manifest-digest", default=None,
+                        help="expected digest of the manifest (as printed by pagedlab release)")
+    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="flag",
+                        help="protected files changed: flag them (default), score the labs "
+                             "they affect 0, or refuse to grade")
+    parser.add_argument("--classroom", action="store_true",
+                        help="also write the GitHub Classroom step result to $GITHUB_OUTPUT")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def resolve_labs(names: list[str]) -> list[str]:
@@ -27,7 +61,10 @@ def resolve_labs(names: list[str]) -> list[str]:
     known = lab_names()
     out = []
     for name in names:
-        key = name if name.startswith("lab") else f"lab{int(name):02d}"
+        try:
+            key = name if name.startswith("lab") else f"lab{int(name):02d}"
+        except ValueError:
+            key = name
         match = [lab for lab in known if lab == key or lab.startswith(key + "_")]
         if len(match) != 1:
             raise SystemExit(f"pagedlab: no lab matches {name!r}; labs are: {', '.join(known)}")
@@ -35,36 +72,109 @@ def resolve_labs(names: list[str]) -> list[str]:
     return out
 
 
+def _manifest(args: argparse.Namespace) -> tuple[dict | None, list[str]]:
+    """Returns (manifest or None, problems with the manifest itself)."""
+    path = Path(args.manifest) if args.manifest else REPO_ROOT / MANIFEST_NAME
+    try:
+        manifest = load_manifest(path)
+    except (ValueError, OSError) as exc:
+        return None, [f"tampered: the release manifest is unreadable ({exc})"]
+    if manifest is None:
+        if args.manifest or args.manifest_digest:
+            return None, [f"tampered: the release manifest {path.name} is missing"]
+        return None, []
+    if args.manifest_digest and digest(manifest) != args.manifest_digest:
+        return manifest, [f"tampered: {path.name} was edited (digest {digest(manifest)}, "
+                          f"expected {args.manifest_digest})"]
+    return manifest, []
+
+
+def _zero(records: list[dict], labs: list[str], files: list[str]) -> None:
+    shown = ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
+    for rec in records:
+        if rec["lab"] in labs and rec["outcome"] == "passed":
+            rec.update(outcome="failed", when="call", details="",
+                       message=f"scored 0: protected files changed ({shown})")
+
+
+def _write_outputs(args, records, implementation, notes, labs, error=None, expected=None) -> dict:
+    results = gradescope_results(records, implementation, notes)
+    if error:
+        results["output"] += f"\n{error}"
+    Path(args.results).write_text(json.dumps(results, indent=1))
+    summary = markdown_summary(records, implementation, notes)
+    Path(args.summary).write_text(summary)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as fh:
+            fh.write(summary)
+    if args.classroom:
+        # The step's maximum comes from the manifest when there is one: a lab that could not
+        # run still counts its full maximum (as 0 earned), never drops out of the total.
+        max_score = None
+        if expected:
+            max_score = sum(p for lab in labs for p in expected.get(lab, {}).values())
+        write_step_output(classroom_result(records, max_score, error=error))
+    return results
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         impl = impl_name()
     except LabImplError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
-        return 2
-    labs = resolve_labs(args.labs) if args.labs else None
+        return EXIT_CANNOT_GRADE
+    labs = resolve_labs(args.labs) if args.labs else lab_names()
+    manifest, notes = _manifest(args)
+    tamper = Tamper(edited=[MANIFEST_NAME]) if notes else Tamper()
+    expected = None
+    if manifest is not None:
+        found = verify_manifest(REPO_ROOT, manifest)
+        tamper.edited += found.edited
+        tamper.deleted += found.deleted
+        tamper.added += found.added
+        notes += found.notes()
+        expected = manifest.get("tests") or None
+        if not args.labs and expected:
+            labs = sorted(set(labs) | set(expected))  # a deleted lab folder still counts
+    if tamper and args.on_tamper == "refuse":
+        for note in notes:
+            print(f"pagedlab: {note}", file=sys.stderr)
+        error = "grading refused: protected files changed (see above); restore them and re-run"
+        print(f"pagedlab: {error}", file=sys.stderr)
+        _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=error,
+                       expected=manifest and manifest.get("tests"))
+        return EXIT_CANNOT_GRADE
     print(f"pagedlab grade: running the lab tests with LAB_IMPL={impl} ...", flush=True)
+    progress = None if args.quiet else Progress()
     try:
-        run = run_lab_tests(labs, impl=impl)
+        run = run_lab_tests(labs, impl=impl, test_timeout_s=args.timeout or None,
+                            include_hidden=not args.no_hidden, expected=expected,
+                            progress=progress)
     except GradingRunError as exc:
         print(f"pagedlab: grading failed: {exc}", file=sys.stderr)
-        return 2
+        _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=f"grading failed: {exc}",
+                       expected=expected)
+        return EXIT_CANNOT_GRADE
     records = run.records
+    notes += run.problems
+    if tamper and args.on_tamper == "zero":
+        _zero(records, tamper.labs_affected(labs), tamper.files())
     print()
     print(format_table(summarize(records)))
+    for line in hidden_summary(records):
+        print(line)
+    for note in notes:
+        print(f"! {note}")
     left = todos(records)
     if left:
         print("\nStill to do (first failing TODOs):")
         for tag, text in left:
             print(f"  TODO({tag}) {text}")
-    results = gradescope_results(records, run.implementation)
-    Path(args.results).write_text(json.dumps(results, indent=1))
-    summary = markdown_summary(records, run.implementation)
-    Path(args.summary).write_text(summary)
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as fh:
-            fh.write(summary)
+    results = _write_outputs(args, records, run.implementation, notes, labs, expected=expected)
     print(f"\nscore {results['score']:g}/{results['max_score']:g} · wrote {args.results} and {args.summary}")
+    if tamper or run.problems:
+        return EXIT_UNTRUSTED
     if args.fail_under is not None and results["max_score"]:
         if 100 * results["score"] / results["max_score"] < args.fail_under:
-            return 1
-    return 0
+            return EXIT_BELOW
+    return EXIT_OK
