@@ -17,3 +17,26 @@ class BlockNotAllocatedError(ValueError):
 
 class DoubleFreeError(BlockNotAllocatedError):
     """``free`` of a block whose ref_count is already 0."""
+
+
+# --- Lab 2: the KV-cache pool and its sequences ---------------------------------------------
+
+
+class UnknownSequenceError(LookupError):
+    """No live sequence has this ``seq_id`` (never added, or already freed)."""
+
+
+class DuplicateSequenceError(ValueError):
+    """A live sequence already has this ``seq_id`` (``add_sequence`` or a ``fork`` target)."""
+
+
+class SequenceTooLongError(ValueError):
+    """The sequence would hold more tokens than its block-table row allows (``max_model_len``)."""
+
+
+class TooManySequencesError(RuntimeError):
+    """Every block-table row is taken: ``max_num_seqs`` sequences are already live."""
+
+
+class DeviceMismatchError(ValueError):
+    """A tensor lives on a different device than the object it is handed to."""
