@@ -1,0 +1,425 @@
+"""Lab 3 — the NumPy paged-attention oracle: online softmax over pages, prefill and split-K.
+
+These functions are the *semantics* the CUDA kernels of Labs 4 and 5 reproduce, written so that
+each line maps to a line of a kernel: stream a sequence's logical blocks through its block table,
+keep a running softmax state, read only the rows that hold tokens.
+
+The attention state of one query (one head) over a set of keys with scores ``s_t`` and values
+``v_t`` is the triple
+
+    m   = max_t s_t                        running max              [...]
+    l   = sum_t exp(s_t - m)               softmax denominator      [...]
+    acc = sum_t exp(s_t - m) * v_t         unnormalised output      [..., head_size]
+
+from which ``out = acc / l`` and ``lse = m + log(l)``. Every function below either grows a state
+by one block (online softmax), merges states (split-K), or turns a state into ``(out, lse)``.
+
+Semantics shared with ``reference/oracle.py`` (Labs 4–5 implement the same):
+  * GQA: query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)``.
+  * Causal with history: in a sequence with ``context_len`` keys whose last ``q_len`` tokens are
+    the queries, query ``i`` sees keys ``0 .. context_len - q_len + i``. A decode query is the
+    last token and sees every key.
+  * ALiBi: ``score += slope[h] * (key_pos - query_pos)``, never positive under causal masking.
+  * Zero length: a query that sees no key has output exactly 0 and lse -inf. That is the *empty
+    state* ``(m, l, acc) = (-inf, 0, 0)``, the identity of the split-K merge.
+
+Your tasks are marked ``TODO(lab3.k)``; ``LAB_IMPL=starter pagedlab grade 3`` lists the ones left.
+The argument checks in ``_checks.py`` are given: call them first, so bad input is refused with a
+typed error before anything is computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from labs.lab03_paged_attention_oracle._checks import (  # noqa: F401  (you will want all of them)
+    check_alibi_slopes,
+    check_block_tables,
+    check_cu_seqlens,
+    check_float_array,
+    check_head_size,
+    check_heads,
+    check_kv_cache,
+    check_scale,
+)
+from reference.layout import num_blocks_for  # noqa: F401  (ceil(num_tokens / block_size))
+
+LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+
+
+# --------------------------------------------------------------------------------------------
+# Task 1: the slow truth.
+# --------------------------------------------------------------------------------------------
+def dense_attention(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=None):
+    """Dense attention for one sequence in float64: the full score matrix, then softmax.
+
+    Args:
+        q: [q_len, num_q_heads, head_size] — the queries are the *last* q_len positions of the
+            sequence (position ``kv_len - q_len + i`` for query ``i``).
+        k: [kv_len, num_kv_heads, head_size]
+        v: [kv_len, num_kv_heads, head_size]
+        scale: multiplies q·k.
+        causal: mask the keys after each query's position (causal with history).
+        alibi_slopes: [num_q_heads] or None; adds ``slope[h] * (key_pos - query_pos)``.
+
+    Returns:
+        (out, lse): out [q_len, num_q_heads, head_size] and lse [q_len, num_q_heads], float64.
+        A query that sees no key gets out 0 and lse -inf.
+
+    Raises:
+        ValueError: ``num_q_heads`` is not a multiple of ``num_kv_heads``, or q_len > kv_len
+            with ``causal`` (a query would have no position in the sequence).
+    """
+    # TODO(lab3.1): the slow truth. Cast to float64; check the heads with check_heads (it raises
+    # the ValueError for you). Repeat each KV head group times along the head axis (np.repeat,
+    # not np.tile: query head h must read KV head h // group). Form every score with einsum,
+    # add the ALiBi bias, set masked scores to -inf, subtract the row max, exponentiate,
+    # normalise. A row that sees no key (all -inf) must give out 0 and lse -inf, not NaN.
+    raise NotImplementedError(
+        "TODO(lab3.1): dense_attention — float64 softmax(q·k·scale + bias) @ v, causal with "
+        "history, GQA"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Task 2: the online-softmax recurrence and paged decode.
+# --------------------------------------------------------------------------------------------
+def kv_head_indices(num_q_heads: int, num_kv_heads: int) -> np.ndarray:
+    """Returns the KV head each query head reads (GQA / MQA / MHA).
+
+    Args:
+        num_q_heads: query heads.
+        num_kv_heads: KV heads; must divide ``num_q_heads``.
+
+    Returns:
+        [num_q_heads] int64: entry ``h`` is ``h // (num_q_heads // num_kv_heads)`` — consecutive
+        query heads share a KV head, as in vLLM's ``kv_head_idx = head_idx / num_queries_per_kv``.
+
+    Raises:
+        ValueError: ``num_q_heads`` is not a positive multiple of ``num_kv_heads``.
+    """
+    # TODO(lab3.2): validate with check_heads, then map each query head to its KV head.
+    raise NotImplementedError(
+        "TODO(lab3.2): "
+        "kv_head_indices — query head h reads KV head h // (num_q_heads // num_kv_heads)"
+    )
+
+
+def empty_state(lead_shape, head_size: int, dtype=np.float64):
+    """Returns the state of attention over *no* keys: ``(m, l, acc) = (-inf, 0, 0)``.
+
+    It is the identity of :func:`merge_partitions` and what :func:`finalize_state` turns into
+    the zero-length result (out 0, lse -inf).
+
+    Args:
+        lead_shape: shape of the leading dimensions, e.g. ``(num_q_heads,)``.
+        head_size: elements per value vector.
+        dtype: float dtype of the state.
+
+    Returns:
+        (m, l, acc): [*lead_shape], [*lead_shape], [*lead_shape, head_size].
+    """
+    # TODO(lab3.2): m = -inf, l = 0, acc = 0 in the given dtype.
+    raise NotImplementedError("TODO(lab3.2): empty_state — (m, l, acc) = (-inf, 0, 0)")
+
+
+def online_softmax_update(m, l, acc, scores, values):
+    """Grows an attention state by one block of keys: the online-softmax recurrence.
+
+    Args:
+        m: [...] running max of the scores seen so far (-inf before the first key).
+        l: [...] sum of exp(score - m) so far.
+        acc: [..., head_size] sum of exp(score - m) * value so far (not divided by l).
+        scores: [..., n] the new block's scores; -inf marks a masked key.
+        values: [..., n, head_size] the new block's values; leading dimensions broadcast
+            against ``scores``' (e.g. one KV head's values shared by a group of query heads).
+
+    Returns:
+        (m, l, acc) after the block, same shapes. A block whose scores are all -inf leaves the
+        state unchanged; nothing here is ever NaN for finite inputs.
+    """
+    # TODO(lab3.2): the recurrence. m_new = max(m, block max); correction = exp(m - m_new);
+    # p = exp(scores - m_new); l = l * correction + sum(p); acc = acc * correction + p @ values.
+    # Guard the empty case: while m_new is still -inf, m - m_new is -inf - -inf = NaN. Subtract
+    # a finite stand-in (0) instead; exp(-inf - 0) = 0 is the right weight for "nothing yet".
+    raise NotImplementedError(
+        "TODO(lab3.2): "
+        "online_softmax_update — running max, correction factor, denominator, accumulator"
+    )
+
+
+def finalize_state(m, l, acc):
+    """Turns a state into the attention output and its log-sum-exp.
+
+    Args:
+        m: [...] running max.
+        l: [...] softmax denominator relative to m.
+        acc: [..., head_size] unnormalised output.
+
+    Returns:
+        (out, lse): out [..., head_size] = acc / l, lse [...] = m + log(l). Where ``l == 0``
+        (no key seen) out is exactly 0 and lse is -inf — the zero-length contract.
+    """
+    # TODO(lab3.2): out = acc / l, lse = m + log(l); where l == 0 return out 0 and lse -inf
+    # without ever dividing by zero.
+    raise NotImplementedError(
+        "TODO(lab3.2): "
+        "finalize_state — (out, lse) from (m, l, acc), zero-length safe"
+    )
+
+
+def partition_attention(query, key_cache, value_cache, block_table, context_len: int,
+                        scale: float, start_token_idx: int = 0, end_token_idx: int | None = None,
+                        alibi_slopes=None, *, compute_dtype=np.float64):
+    """Attention state of one sequence's decode query over keys ``[start, end)`` of its pages.
+
+    This is one CTA of a split-K decode kernel (one partition of one sequence, all heads); with
+    the default range it is a whole decode. Blocks are streamed in logical order through the
+    block table, each through :func:`online_softmax_update`, vectorised over heads and tokens.
+
+    Args:
+        query: [num_q_heads, head_size] the sequence's query (its position is context_len - 1).
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_table: [max_blocks_per_seq] the sequence's row of the block table.
+        context_len: keys in the sequence.
+        scale: multiplies q·k.
+        start_token_idx: first key of the partition.
+        end_token_idx: one past the last key; None means context_len.
+        alibi_slopes: [num_q_heads] or None.
+        compute_dtype: float64 for the oracle; Task 5 passes float32.
+
+    Returns:
+        (m, l, acc): [num_q_heads], [num_q_heads], [num_q_heads, head_size] in compute_dtype.
+        An empty range gives the empty state.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks).
+    """
+    # TODO(lab3.2): validate (check_kv_cache, check_float_array, check_head_size,
+    # kv_head_indices, check_block_tables on the one row, the range, check_alibi_slopes,
+    # check_scale). Then walk the logical blocks that overlap [start_token_idx, end_token_idx):
+    # block_id = block_table[logical_block_idx]; read ONLY the rows that hold tokens of the
+    # range (the last block is usually partial, and the rest of it is NaN here); gather each
+    # query head's KV head; scores = q·k * scale (+ ALiBi with query_pos = context_len - 1);
+    # online_softmax_update. Work in compute_dtype throughout.
+    raise NotImplementedError(
+        "TODO(lab3.2): "
+        "partition_attention — stream logical blocks through the block table"
+    )
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lens, scale: float,
+                 alibi_slopes=None):
+    """Decode attention over a paged KV cache (one new token per sequence), in float64.
+
+    The shape of vLLM's ``paged_attention_v1``: one pass per sequence (per CTA), streaming the
+    sequence's blocks through its block table with the online softmax.
+
+    Args:
+        query: [num_seqs, num_q_heads, head_size]
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [num_seqs, max_blocks_per_seq] int, padded with PAD_BLOCK_ID.
+        context_lens: [num_seqs] keys per sequence, the current token included (0 allowed).
+        scale: multiplies q·k.
+        alibi_slopes: [num_q_heads] or None.
+
+    Returns:
+        (out, lse): [num_seqs, num_q_heads, head_size] and [num_seqs, num_q_heads], float64.
+        A sequence with context_len 0 gets out 0 and lse -inf.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad shapes, head counts or block tables.
+    """
+    # TODO(lab3.2): validate the batch (shapes, heads, block tables, one query row per table
+    # row), then per sequence: finalize_state(partition_attention(...)) over the whole context.
+    # Keep the loop body dtype-generic: Task 5 reuses it in float32.
+    raise NotImplementedError(
+        "TODO(lab3.2): "
+        "paged_decode — batched paged decode with the online softmax"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Task 3: varlen prefill with history (chunked prefill).
+# --------------------------------------------------------------------------------------------
+def paged_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
+                  scale: float, alibi_slopes=None):
+    """Causal varlen prefill over a paged cache: new tokens attend to history and to each other.
+
+    Sequence ``s`` owns query rows ``cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1``; its K/V,
+    history and new tokens alike, are already in the cache, so ``context_lens[s]`` is
+    ``history_len + q_len``. Query ``i`` of the sequence sits at position
+    ``history_len + i`` and sees keys ``0 .. history_len + i``.
+
+    Args:
+        query: [total_query_tokens, num_q_heads, head_size], sequences packed back to back.
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [num_seqs, max_blocks_per_seq] int, padded with PAD_BLOCK_ID.
+        cu_seqlens_q: [num_seqs + 1] int query offsets, cu_seqlens_q[0] == 0.
+        context_lens: [num_seqs] keys per sequence (history + new tokens).
+        scale: multiplies q·k.
+        alibi_slopes: [num_q_heads] or None.
+
+    Returns:
+        (out, lse): [total_query_tokens, num_q_heads, head_size] and
+        [total_query_tokens, num_q_heads], float64.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad shapes, offsets, head counts or block tables.
+    """
+    # TODO(lab3.3): validate (check_cu_seqlens too). Per sequence: its query rows
+    # cu_seqlens_q[s]:cu_seqlens_q[s+1]; history_len = context_len - q_len; query i may see keys
+    # 0 .. history_len + i (inclusive). Stream the sequence's blocks as in decode, but with a
+    # state per (head, query): scores [num_q_heads, q_len, n], masked to -inf where a key is in
+    # a query's future, ALiBi with query_pos = history_len + i. Skip sequences with no queries.
+    raise NotImplementedError(
+        "TODO(lab3.3): "
+        "paged_prefill — varlen, causal with history, GQA, ALiBi"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Task 4: split-K (flash-decoding): partitions and their merge.
+# --------------------------------------------------------------------------------------------
+def merge_partitions(m, l, acc):
+    """Merges attention states of disjoint key sets into the state of their union.
+
+    Each partition's state is rescaled from its own max to the global max before summing:
+    ``w_i = exp(m_i - max_j m_j)``, ``l = sum_i w_i l_i``, ``acc = sum_i w_i acc_i``. Empty
+    partitions ``(-inf, 0, 0)`` contribute nothing, even when every partition is empty.
+
+    Args:
+        m: [num_partitions, ...] per-partition max.
+        l: [num_partitions, ...] per-partition denominator.
+        acc: [num_partitions, ..., head_size] per-partition unnormalised output.
+
+    Returns:
+        (m, l, acc): [...], [...], [..., head_size] — the merged state.
+    """
+    # TODO(lab3.4): global max M over the partition axis; weights exp(m_i - M) (guard M = -inf
+    # as in the recurrence: all partitions empty must give the empty state, not NaN); weighted
+    # sums of l and acc.
+    raise NotImplementedError(
+        "TODO(lab3.4): "
+        "merge_partitions — rescale each partition to the global max, then sum"
+    )
+
+
+def merge_attn_states(out_a, lse_a, out_b, lse_b):
+    """Merges two attention results given as (out, lse) — the form kernels write.
+
+    ``(out, lse)`` is the state ``(m, l, acc) = (lse, 1, out)``: same ratio acc / l, same
+    log-sum-exp. That is how vLLM's ``merge_attn_states`` and FlashInfer's ``merge_state``
+    combine a prefix and a suffix, or the partitions of a split-K kernel.
+
+    Args:
+        out_a: [..., head_size] output over key set A.
+        lse_a: [...] log-sum-exp over A (-inf if A is empty).
+        out_b: [..., head_size] output over key set B, disjoint from A.
+        lse_b: [...] log-sum-exp over B.
+
+    Returns:
+        (out, lse) over A ∪ B, float64. Two empty inputs give out 0 and lse -inf.
+    """
+    # TODO(lab3.4): (out, lse) is the state (m, l, acc) = (lse, 1, out) — with l = 0 where lse
+    # is -inf. Merge with merge_partitions, then finalize_state.
+    raise NotImplementedError("TODO(lab3.4): merge_attn_states — merge two (out, lse) results")
+
+
+def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_lens, scale: float,
+                         partition_size: int, alibi_slopes=None):
+    """Split-K decode (flash-decoding, vLLM's ``paged_attention_v2``): partition, then merge.
+
+    Each sequence's keys are cut into partitions of ``partition_size`` tokens; each partition's
+    state comes from :func:`partition_attention` (on a GPU: one CTA each, in parallel), and a
+    reduce step merges them. The grid is ``max_num_partitions`` wide for every sequence; the
+    partitions past a sequence's end stay empty and merge as the identity.
+
+    Args:
+        query: [num_seqs, num_q_heads, head_size]
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [num_seqs, max_blocks_per_seq] int, padded with PAD_BLOCK_ID.
+        context_lens: [num_seqs] keys per sequence (0 allowed).
+        scale: multiplies q·k.
+        partition_size: tokens per partition, a positive multiple of block_size (so that a
+            block never straddles two partitions, as in the kernels).
+        alibi_slopes: [num_q_heads] or None.
+
+    Returns:
+        (out, lse): [num_seqs, num_q_heads, head_size] and [num_seqs, num_q_heads], float64,
+        equal to :func:`paged_decode`'s up to float64 rounding.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size.
+    """
+    # TODO(lab3.4): validate (partition_size a positive multiple of block_size, else ValueError
+    # naming partition_size). Allocate max_num_partitions empty states per sequence (at least
+    # one), fill partition p of sequence s with partition_attention over
+    # [p * partition_size, min((p + 1) * partition_size, context_len)), merge, finalize.
+    raise NotImplementedError(
+        "TODO(lab3.4): "
+        "paged_decode_split_k — partition, attend, merge (flash-decoding)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Task 5: numerics — half-precision storage, fp32 arithmetic (round_to is given).
+# --------------------------------------------------------------------------------------------
+def round_to(x, dtype: str):
+    """Rounds to the nearest ``dtype`` value (round-to-nearest-even), returned as float32.
+
+    NumPy has float16 but no bfloat16, so both are returned as float32 arrays holding exactly
+    representable values — what a kernel sees after loading fp16/bf16 data into fp32 registers.
+    NaN stays NaN.
+
+    Args:
+        x: array of floats.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+
+    Returns:
+        float32 array of the same shape.
+    """
+    x32 = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x32.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x32.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # keep the top 16 bits, RNE
+        out = rounded.astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(x32), np.float32(np.nan), out)
+    raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
+
+
+def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens, scale: float,
+                      alibi_slopes=None, *, dtype: str = "float16"):
+    """Paged decode as a half-precision kernel computes it: fp16/bf16 data, fp32 arithmetic.
+
+    Query and caches are rounded to ``dtype`` (what the kernel loads), every score, max,
+    denominator and accumulator is float32 (what the kernel keeps in registers), and the output
+    is rounded to ``dtype`` (what the kernel stores).
+
+    Args:
+        query: [num_seqs, num_q_heads, head_size]
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [num_seqs, max_blocks_per_seq] int, padded with PAD_BLOCK_ID.
+        context_lens: [num_seqs]
+        scale: multiplies q·k.
+        alibi_slopes: [num_q_heads] or None.
+        dtype: storage precision, ``"float16"`` or ``"bfloat16"``.
+
+    Returns:
+        (out, lse): out [num_seqs, num_q_heads, head_size] float32 holding ``dtype`` values;
+        lse [num_seqs, num_q_heads] float32.
+
+    Raises:
+        ValueError: unknown dtype; otherwise as :func:`paged_decode`.
+    """
+    # TODO(lab3.5): round query and caches with round_to (what the kernel loads), run the same
+    # paged decode in float32 (what it keeps in registers), round the output with round_to
+    # (what it stores); lse as float32. Refuse an unknown dtype with ValueError.
+    raise NotImplementedError("TODO(lab3.5): paged_decode_lowp — fp16/bf16 data, fp32 arithmetic")
