@@ -1,0 +1,145 @@
+"""Test helpers for Lab 2: the test device, whole-state snapshots, invariants, op counting."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from reference.layout import PAD_BLOCK_ID, num_blocks_for
+
+DEVICE_ENV = "PAGEDLAB_TEST_DEVICE"
+
+
+def pick_test_device() -> str:
+    """Returns the device named by ``PAGEDLAB_TEST_DEVICE`` (default ``cpu``).
+
+    Raises:
+        RuntimeError: CUDA was asked for but torch sees no GPU (a GPU run must not quietly
+            turn into a CPU run).
+    """
+    device = os.environ.get(DEVICE_ENV, "").strip() or "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"{DEVICE_ENV}={device} but torch.cuda.is_available() is False")
+    return device
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor: equal bytes == bit-identical (NaN poison included)."""
+    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+def digest(t: torch.Tensor) -> str:
+    """A short fingerprint of a tensor's raw bytes."""
+    return hashlib.sha256(tensor_bytes(t)).hexdigest()[:16]
+
+
+def poison(pool) -> None:
+    """Fills both caches with NaN: reading a slot nobody wrote turns results into NaN."""
+    pool.key_cache.fill_(float("nan"))
+    pool.value_cache.fill_(float("nan"))
+
+
+def snapshot(pool) -> tuple:
+    """Everything observable about a pool (host shadow, device tables, ref counts, cache bytes)."""
+    bm = pool.block_manager
+    return (
+        tuple((s, pool.get_row(s), tuple(pool.get_block_table(s)), pool.get_context_len(s))
+              for s in pool.seq_ids),
+        pool.num_free_rows,
+        tuple(map(tuple, pool.block_tables.cpu().tolist())),
+        tuple(pool.context_lens.cpu().tolist()),
+        tuple(bm.get_ref_count(b) for b in range(pool.num_blocks)),
+        bm.num_free_blocks,
+        digest(pool.key_cache),
+        digest(pool.value_cache),
+    )
+
+
+def check_invariants(pool) -> None:
+    """Asserts the pool's invariants, with a message that says which one broke."""
+    tables = pool.block_tables.cpu().tolist()
+    lens = pool.context_lens.cpu().tolist()
+    used_rows = set()
+    holders = [0] * pool.num_blocks
+    for s in pool.seq_ids:
+        row, blocks, n = pool.get_row(s), pool.get_block_table(s), pool.get_context_len(s)
+        assert row not in used_rows, f"seq {s} shares row {row} with another sequence"
+        used_rows.add(row)
+        want = num_blocks_for(n, pool.block_size)
+        assert len(blocks) == want, (
+            f"seq {s} holds {n} tokens in {len(blocks)} blocks; ceil({n}/{pool.block_size}) = {want}"
+        )
+        assert len(set(blocks)) == len(blocks), f"seq {s} lists a block twice: {blocks}"
+        padded = blocks + [PAD_BLOCK_ID] * (pool.max_blocks_per_seq - len(blocks))
+        assert tables[row] == padded, (
+            f"seq {s}: device block_tables[{row}] = {tables[row]}, host table {blocks} padded "
+            f"with {PAD_BLOCK_ID} = {padded}"
+        )
+        assert lens[row] == n, f"seq {s}: context_lens[{row}] = {lens[row]}, expected {n}"
+        for b in blocks:
+            holders[b] += 1
+    for row in range(pool.max_num_seqs):
+        if row not in used_rows:
+            assert all(b == PAD_BLOCK_ID for b in tables[row]) and lens[row] == 0, (
+                f"row {row} belongs to no sequence but holds {tables[row]}, context_len "
+                f"{lens[row]} — a freed row must be all PAD_BLOCK_ID with length 0"
+            )
+    assert pool.num_free_rows == pool.max_num_seqs - len(used_rows)
+    bm = pool.block_manager
+    refs = [bm.get_ref_count(b) for b in range(pool.num_blocks)]
+    for b in range(pool.num_blocks):
+        assert refs[b] == holders[b], (
+            f"block {b}: ref_count {refs[b]} but {holders[b]} live sequences hold it "
+            f"(a leaked block, or a shared block freed too early)"
+        )
+    assert bm.num_free_blocks == holders.count(0), (
+        f"num_free_blocks = {bm.num_free_blocks}, but {holders.count(0)} blocks are held by nobody"
+    )
+
+
+class CountTorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called inside a ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def new_pool(impl, device: str, **overrides):
+    """A small pool for tests: 12 blocks of 4 tokens, 2 KV heads of 8, fp32, 4 rows, 24 tokens."""
+    kwargs = dict(num_blocks=12, block_size=4, num_kv_heads=2, head_size=8, max_num_seqs=4,
+                  max_model_len=24, dtype=torch.float32, device=device)
+    kwargs.update(overrides)
+    pos = [kwargs.pop(k) for k in ("num_blocks", "block_size", "num_kv_heads", "head_size")]
+    return impl.KVCachePool(*pos, **kwargs)
+
+
+def scramble(pool) -> None:
+    """Leaves the pool empty but with its free blocks out of id order.
+
+    Three helper sequences take a third of the pool each and are freed middle, first, last; a
+    fresh block manager's ``0, 1, 2, ...`` order is gone, so logical order != physical order.
+    """
+    third = pool.num_blocks // 3
+    for junk in (-1, -2, -3):
+        pool.add_sequence(junk, third * pool.block_size)
+    for junk in (-2, -1, -3):
+        pool.free_sequence(junk)
+
+
+def random_kv(seed: int, num_tokens: int, pool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random K and V ``[num_tokens, num_kv_heads, head_size]`` in the pool's dtype/device.
+
+    Drawn on the CPU, so the values are the same whatever the test device.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shape = (2, num_tokens, pool.num_kv_heads, pool.head_size)
+    kv = torch.randn(shape, generator=gen).to(pool.dtype).to(pool.device)
+    return kv[0], kv[1]

@@ -1,0 +1,515 @@
+"""Lab 2 — the KV-cache pool: paged K/V tensors, block tables, and the sequences that use them.
+
+The pool owns the memory Labs 3–5 read: ``key_cache`` and ``value_cache`` in the workbook's one
+layout ``[num_blocks, num_kv_heads, block_size, head_size]`` (``reference/layout.py``), a
+``block_tables`` row per live sequence, and ``context_lens``. A block manager (Lab 1's
+interface) decides which physical blocks are free; the pool decides which blocks each sequence
+holds, where each new token's K/V goes (its *slot*), and copies a shared block before anyone
+writes into it (copy-on-write).
+
+Invariants, true after every public call (the tests check them):
+  * a live sequence with ``n`` tokens holds exactly ``ceil(n / block_size)`` blocks; its row of
+    ``block_tables`` lists them in logical order and is padded with ``PAD_BLOCK_ID``;
+  * rows of no live sequence are all ``PAD_BLOCK_ID`` with ``context_lens == 0``;
+  * every block's ref_count equals the number of live sequences whose table holds it;
+  * a partial (not full) block is written only by a sequence that holds it alone;
+  * a failed call (any exception) changed nothing.
+
+NOTE: the host keeps a shadow of every table (``_Sequence``) and makes every decision from it.
+The device tensors are written, never read back, so no call waits for the GPU — except
+``write_kv``'s bounds check, which reads two numbers back (documented there).
+
+Your tasks are marked ``TODO(lab2.k)``; ``LAB_IMPL=starter pagedlab grade 2`` lists the ones left.
+The queries and the private helpers at the bottom (argument checks, ``_write_row``) are given.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from reference.block_allocator import TrustedBlockAllocator
+from reference.checks import check_int
+from reference.errors import (
+    DeviceMismatchError,
+    DuplicateSequenceError,
+    OutOfBlocksError,
+    SequenceTooLongError,
+    TooManySequencesError,
+    UnknownSequenceError,
+)
+from reference.layout import PAD_BLOCK_ID, num_blocks_for
+
+#: Cache dtypes the pool accepts (the kernels of Labs 4–5 handle these three).
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def kv_cache_bytes_per_block(block_size: int, num_kv_heads: int, head_size: int,
+                             dtype: torch.dtype) -> int:
+    """Returns the bytes one block takes in the pool, keys and values together.
+
+    Args:
+        block_size: tokens per block.
+        num_kv_heads: KV heads.
+        head_size: elements per head vector.
+        dtype: cache element type.
+
+    Returns:
+        ``2 * block_size * num_kv_heads * head_size * dtype.itemsize``.
+
+    Raises:
+        TypeError / ValueError: a size is not an int >= 1, or ``dtype`` is not supported.
+    """
+    # TODO(lab2.1): validate the three sizes (check_int, min 1) and the dtype (_check_dtype), then
+    # return the bytes of one block of keys plus one block of values.
+    raise NotImplementedError("TODO(lab2.1): kv_cache_bytes_per_block — K+V bytes per block")
+
+
+def num_blocks_from_budget(budget_bytes: int, block_size: int, num_kv_heads: int,
+                           head_size: int, dtype: torch.dtype) -> int:
+    """Returns how many whole blocks fit in a memory budget.
+
+    Args:
+        budget_bytes: bytes set aside for this layer's K and V.
+        block_size: tokens per block.
+        num_kv_heads: KV heads.
+        head_size: elements per head vector.
+        dtype: cache element type.
+
+    Returns:
+        ``budget_bytes // kv_cache_bytes_per_block(...)`` (a partial block is of no use).
+
+    Raises:
+        TypeError / ValueError: bad arguments, or the budget holds not even one block.
+    """
+    # TODO(lab2.1): how many *whole* blocks fit? Refuse (ValueError naming budget_bytes) a budget
+    # that holds not even one.
+    raise NotImplementedError("TODO(lab2.1): num_blocks_from_budget — whole blocks")
+
+
+def compute_slot_mapping(block_tables: torch.Tensor, seq_rows: torch.Tensor,
+                         positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Returns the cache slot of each token: ``block_id * block_size + position % block_size``.
+
+    Vectorized: one gather from the block table and two integer ops, whatever the token count.
+
+    Args:
+        block_tables: int32 table, padded with PAD_BLOCK_ID.  # [max_num_seqs, max_blocks_per_seq]
+        seq_rows: each token's row in ``block_tables``.  # [num_tokens] int64
+        positions: each token's position in its sequence.  # [num_tokens] int64
+        block_size: tokens per block.
+
+    Returns:
+        int64 slots on ``block_tables.device``.  # [num_tokens]
+    """
+    # TODO(lab2.4): look every token's physical block up in block_tables (one advanced-indexing
+    # gather: rows and logical block indices), then slot = block_id * block_size + offset.
+    # No Python loop over tokens.
+    raise NotImplementedError("TODO(lab2.4): compute_slot_mapping — vectorized slots")
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatters new tokens' K/V into their slots of the paged cache, in one vectorized write.
+
+    No checks here (``KVCachePool.write_kv`` does them): this is the hot path an engine runs once
+    per layer per step.
+
+    Args:
+        key: new keys.  # [num_tokens, num_kv_heads, head_size]
+        value: new values.  # [num_tokens, num_kv_heads, head_size]
+        key_cache: the pool.  # [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: the pool.  # [num_blocks, num_kv_heads, block_size, head_size]
+        slot_mapping: distinct slots in ``[0, num_blocks * block_size)``.  # [num_tokens]
+    """
+    # TODO(lab2.5): split each slot into (block id, offset) and scatter all tokens at once with
+    # one indexed assignment per cache. Hint: key_cache[block_ids, :, offsets] has shape
+    # [num_tokens, num_kv_heads, head_size] — work out why (two index tensors split by a slice).
+    raise NotImplementedError("TODO(lab2.5): reshape_and_cache — one scatter per cache")
+
+
+@dataclass
+class _Sequence:
+    """Host shadow of one live sequence (the source of truth for every decision)."""
+
+    row: int  # its row in block_tables / context_lens
+    block_ids: list[int]  # physical blocks in logical order
+    num_tokens: int  # tokens with a slot (== context_lens[row])
+
+
+class KVCachePool:
+    """One layer's paged KV cache, its block tables, and the life cycle of its sequences.
+
+    Attributes:
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [max_num_seqs, max_blocks_per_seq] int32, PAD_BLOCK_ID where unused
+        context_lens: [max_num_seqs] int32, 0 where unused
+        block_manager: hands out block ids and counts references (Lab 1's interface).
+        max_blocks_per_seq: ``ceil(max_model_len / block_size)`` — the table's width.
+        device: the concrete device of every tensor above (e.g. ``cuda:0``).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+        block_manager=None,
+    ) -> None:
+        """Allocates the pool, an all-PAD block table and zero context lengths.
+
+        Args:
+            num_blocks: physical blocks in the pool.
+            block_size: tokens per block.
+            num_kv_heads: KV heads.
+            head_size: elements per head vector.
+            max_num_seqs: rows of ``block_tables``: most sequences live at once.
+            max_model_len: most tokens one sequence may hold; sets the table's width.
+            dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
+            device: where every tensor lives (``"cpu"``, ``"cuda"``, ...).
+            block_manager: an object with Lab 1's interface managing exactly ``num_blocks``
+                blocks, all free; default: a fresh ``TrustedBlockAllocator(num_blocks)``.
+
+        Raises:
+            TypeError / ValueError: a size is not an int >= 1, ``dtype`` is unsupported,
+                ``device`` is unknown, or ``block_manager`` does not fit the pool.
+        """
+        # TODO(lab2.1): validate every size (check_int, min 1), dtype (_check_dtype) and device
+        # (_check_device); use block_manager or a fresh TrustedBlockAllocator(num_blocks), refusing
+        # (ValueError naming block_manager) one that does not manage exactly num_blocks free blocks.
+        # Then set self.max_blocks_per_seq = ceil(max_model_len / block_size) — not num_blocks —,
+        # allocate key_cache/value_cache in the workbook layout, self.device = key_cache.device,
+        # block_tables ([max_num_seqs, max_blocks_per_seq] int32, all PAD_BLOCK_ID), context_lens
+        # (int32 zeros), self._seqs = {} (seq_id -> _Sequence) and self._free_rows (a heap of rows).
+        raise NotImplementedError("TODO(lab2.1): KVCachePool.__init__ — pool, PAD tables")
+
+    @classmethod
+    def from_memory_budget(
+        cls,
+        budget_bytes: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+    ) -> KVCachePool:
+        """Builds the largest pool that fits ``budget_bytes`` (see :func:`num_blocks_from_budget`).
+
+        Args:
+            budget_bytes: bytes for this layer's K and V.
+            block_size, num_kv_heads, head_size, max_num_seqs, max_model_len, dtype, device:
+                as in the constructor.
+
+        Returns:
+            A pool with the default block manager.
+        """
+        num_blocks = num_blocks_from_budget(budget_bytes, block_size, num_kv_heads, head_size,
+                                            dtype)
+        return cls(num_blocks, block_size, num_kv_heads, head_size, max_num_seqs=max_num_seqs,
+                   max_model_len=max_model_len, dtype=dtype, device=device)
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_free_rows(self) -> int:
+        """Block-table rows no sequence holds (``max_num_seqs`` minus live sequences)."""
+        return len(self._free_rows)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        """Live sequence ids, in the order they were added or forked."""
+        return list(self._seqs)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def get_row(self, seq_id: int) -> int:
+        """Returns the ``block_tables`` / ``context_lens`` row of a live sequence.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return self._get(seq_id).row
+
+    def get_block_table(self, seq_id: int) -> list[int]:
+        """Returns a copy of a live sequence's physical block ids, in logical order.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return list(self._get(seq_id).block_ids)
+
+    def get_context_len(self, seq_id: int) -> int:
+        """Returns how many tokens a live sequence holds slots for.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return self._get(seq_id).num_tokens
+
+    # ------------------------------------------------------------ life cycle
+
+    def add_sequence(self, seq_id: int, num_prompt_tokens: int) -> list[int]:
+        """Admits a sequence: a free row and ``ceil(num_prompt_tokens / block_size)`` blocks.
+
+        Args:
+            seq_id: any int not already live.
+            num_prompt_tokens: tokens of the prompt (0 allowed: no block yet).
+
+        Returns:
+            The sequence's block ids.
+
+        Raises:
+            TypeError / ValueError: bad ``seq_id`` or ``num_prompt_tokens``.
+            DuplicateSequenceError: ``seq_id`` is live.
+            SequenceTooLongError: ``num_prompt_tokens > max_model_len``.
+            TooManySequencesError: ``max_num_seqs`` sequences are live.
+            OutOfBlocksError: too few free blocks (nothing was taken).
+        """
+        # TODO(lab2.2): check everything first — seq_id (_check_seq_id), num_prompt_tokens (>= 0),
+        # duplicate, _check_length, _check_free_row, _check_free_blocks — then allocate_n the blocks,
+        # pop the lowest free row, record a _Sequence, write the row (_write_row) and context_lens.
+        raise NotImplementedError("TODO(lab2.2): add_sequence — check, then row + blocks")
+
+    def append_tokens(self, seq_id: int, num_new_tokens: int = 1) -> None:
+        """Gives ``num_new_tokens`` more tokens a slot, allocating blocks only as needed.
+
+        A new block is taken exactly when a token falls past the end of the last block. If the
+        last block is partial *and shared* (after a fork), it is first copied to a private block
+        (copy-on-write), so the other sequences holding it never see this one's tokens.
+
+        Args:
+            seq_id: a live sequence.
+            num_new_tokens: tokens to add (0 is a no-op).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            TypeError / ValueError: bad ``num_new_tokens``.
+            SequenceTooLongError: the sequence would exceed ``max_model_len``.
+            OutOfBlocksError: too few free blocks for the new tokens and the copy (nothing taken).
+        """
+        # TODO(lab2.3): after the checks, count the blocks the new length needs beyond those held,
+        # plus one for a copy if cow = num_new > 0 and self._last_block_is_shared_and_partial(seq).
+        # _check_free_blocks for all of them *before* allocate_n takes any; if cow, hand the first
+        # new block to self._copy_on_write (lab2.6); then extend the host list, the table row and
+        # context_lens.
+        raise NotImplementedError("TODO(lab2.3): append_tokens — blocks only when full")
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Drops a sequence: its block references go back to the manager, its row is cleared.
+
+        Args:
+            seq_id: a live sequence.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+        """
+        # TODO(lab2.2): free_blocks the sequence's blocks through the block manager (ref counts do
+        # the sharing), forget the id, reset its row to PAD_BLOCK_ID and its context_len to 0, and
+        # push the row back on the free-row heap.
+        raise NotImplementedError("TODO(lab2.2): free_sequence — blocks back, row to PAD")
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Creates ``child_seq_id`` sharing every block of ``parent_seq_id`` (no K/V copied).
+
+        Each shared block's ref_count goes up by one. The first of them to append into a shared
+        partial last block copies it first (see :meth:`append_tokens`).
+
+        Args:
+            parent_seq_id: a live sequence.
+            child_seq_id: an int that is not live.
+
+        Raises:
+            UnknownSequenceError: ``parent_seq_id`` is not live.
+            TypeError: bad ``child_seq_id``.
+            DuplicateSequenceError: ``child_seq_id`` is live.
+            TooManySequencesError: no free row.
+        """
+        # TODO(lab2.6): check parent, child id, duplicate and a free row first; then one
+        # increase_ref_count per shared block, a new row holding a copy of the parent's row (copy
+        # the device row device-to-device) and the parent's context_len. No K/V is copied here.
+        raise NotImplementedError("TODO(lab2.6): fork — share blocks by ref count")
+
+    # ------------------------------------------------------ slots and K/V
+
+    def slot_mapping(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> torch.Tensor:
+        """Returns the slots of a batch's new tokens: the last ``num_new_tokens[i]`` tokens of
+        each sequence ``seq_ids[i]``, sequences back to back.
+
+        Call it after :meth:`add_sequence` / :meth:`append_tokens` reserved the tokens. The
+        result feeds :meth:`write_kv` (and, in an engine, every layer's cache write).
+
+        Args:
+            seq_ids: distinct live sequences.  # [batch]
+            num_new_tokens: new tokens per sequence, ``0 <= n <= context_len``.  # [batch]
+
+        Returns:
+            int64 slots on the pool's device.  # [sum(num_new_tokens)]
+
+        Raises:
+            TypeError / ValueError: mismatched lengths, repeated ids, bad counts, or new tokens
+                that would land in a block another sequence shares (append first: it copies).
+            UnknownSequenceError: an id is not live.
+        """
+        # TODO(lab2.4): validate on the host (equal lengths, distinct live ids,
+        # 0 <= n <= context_len, _check_private_tail), collecting each sequence's row and first new
+        # position. Then build per-token rows and positions with tensor ops (torch.repeat_interleave
+        # with output_size, torch.arange) — no loop over tokens — and call compute_slot_mapping.
+        raise NotImplementedError("TODO(lab2.4): slot_mapping — rows and positions")
+
+    def write_kv(self, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Writes new tokens' K/V into their slots (checked, then :func:`reshape_and_cache`).
+
+        Args:
+            slot_mapping: from :meth:`slot_mapping`; int32 or int64.  # [num_tokens]
+            key: in the pool's dtype and device.  # [num_tokens, num_kv_heads, head_size]
+            value: in the pool's dtype and device.  # [num_tokens, num_kv_heads, head_size]
+
+        Raises:
+            TypeError: not a tensor, or the wrong dtype.
+            DeviceMismatchError: a tensor is not on the pool's device.
+            ValueError: a wrong shape.
+            IndexError: a slot outside ``[0, num_blocks * block_size)`` (e.g. from a PAD entry).
+        """
+        # TODO(lab2.5): _check_slot_mapping, then key and value: tensor on the pool's device
+        # (_check_tensor), the pool's dtype exactly (TypeError, no cast), shape [num_tokens,
+        # num_kv_heads, head_size] (ValueError). Refuse (IndexError) any slot outside
+        # [0, num_blocks * block_size) — read min and max back in one go. Then reshape_and_cache.
+        raise NotImplementedError("TODO(lab2.5): write_kv — check, then reshape_and_cache")
+
+    def gather_kv(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies a sequence's pages back into contiguous K and V (what Labs 3–5 test against).
+
+        Reads the device block table, as a kernel would.
+
+        Args:
+            seq_id: a live sequence.
+
+        Returns:
+            (key, value), each ``[context_len, num_kv_heads, head_size]`` in the pool's dtype
+            and on its device.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+        """
+        # TODO(lab2.5): index both caches with the sequence's row of the device block_tables, bring
+        # the token axis next to the block axis (tokens are the third axis of a block), flatten to
+        # [num_blocks * block_size, num_kv_heads, head_size] and keep the first context_len tokens.
+        raise NotImplementedError("TODO(lab2.5): gather_kv — pages back to contiguous")
+
+    # ----------------------------------------------------- copy-on-write
+
+    def _last_block_is_shared_and_partial(self, seq: _Sequence) -> bool:
+        """True when the next token would land in a block other sequences also hold."""
+        if seq.num_tokens % self.block_size == 0:
+            return False  # the last block is full (or absent): the next token opens a new one
+        return self.block_manager.get_ref_count(seq.block_ids[-1]) > 1
+
+    def _copy_on_write(self, seq: _Sequence, new_block_id: int) -> None:
+        """Replaces ``seq``'s shared last block by a private copy in ``new_block_id``.
+
+        Args:
+            seq: the sequence about to write into its last block.
+            new_block_id: a freshly allocated block (ref_count 1).
+        """
+        # TODO(lab2.6): copy K and V of the old last block into new_block_id, swap it into the host
+        # list and the device table row, then free() one reference to the old block.
+        raise NotImplementedError("TODO(lab2.6): _copy_on_write — private copy")
+
+    # ------------------------------------------------------------ helpers
+
+    def _get(self, seq_id: object, name: str = "seq_id") -> _Sequence:
+        seq = self._seqs.get(_check_seq_id(name, seq_id))
+        if seq is None:
+            raise UnknownSequenceError(f"{name}={seq_id} is not a live sequence")
+        return seq
+
+    def _check_length(self, op: str, seq_id: int, num_tokens: int) -> None:
+        if num_tokens > self.max_model_len:
+            raise SequenceTooLongError(
+                f"{op}(seq_id={seq_id}): {num_tokens} tokens > max_model_len={self.max_model_len} "
+                f"(max_blocks_per_seq={self.max_blocks_per_seq} × block_size={self.block_size})"
+            )
+
+    def _check_free_row(self, op: str, seq_id: int) -> None:
+        if not self._free_rows:
+            raise TooManySequencesError(
+                f"{op}(seq_id={seq_id}): all max_num_seqs={self.max_num_seqs} rows are in use"
+            )
+
+    def _check_free_blocks(self, call: str, num_needed: int) -> None:
+        free = self.block_manager.num_free_blocks
+        if num_needed > free:
+            raise OutOfBlocksError(f"{call} needs {num_needed} blocks, only {free} are free")
+
+    def _check_private_tail(self, seq_id: int, seq: _Sequence, num_new: int) -> None:
+        """Refuses new tokens that would land in a block another sequence holds."""
+        if num_new == 0:
+            return
+        first = (seq.num_tokens - num_new) // self.block_size
+        last = (seq.num_tokens - 1) // self.block_size
+        for block_id in seq.block_ids[first : last + 1]:
+            refs = self.block_manager.get_ref_count(block_id)
+            if refs > 1:
+                raise ValueError(
+                    f"seq_id={seq_id}: its last {num_new} tokens would be written into block "
+                    f"{block_id}, shared by {refs} sequences; only tokens reserved by "
+                    f"add_sequence/append_tokens (which copy a shared block first) may be written"
+                )
+
+    def _check_slot_mapping(self, slot_mapping: object) -> int:
+        _check_tensor("slot_mapping", slot_mapping, self.device)
+        if slot_mapping.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+        if slot_mapping.dim() != 1:
+            raise ValueError(f"slot_mapping must be 1-D [num_tokens], got shape "
+                             f"{list(slot_mapping.shape)}")
+        return slot_mapping.shape[0]
+
+    def _write_row(self, row: int, start: int, block_ids: list[int]) -> None:
+        """Writes ``block_ids`` into ``block_tables[row, start:]`` (host to device, no sync)."""
+        if block_ids:
+            values = torch.tensor(block_ids, dtype=torch.int32, device=self.device)
+            self.block_tables[row, start : start + len(block_ids)] = values
+
+
+def _check_seq_id(name: str, seq_id: object) -> int:
+    return check_int(name, seq_id)
+
+
+def _check_dtype(dtype: object) -> torch.dtype:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {dtype!r}")
+    return dtype
+
+
+def _check_device(device: object) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+
+
+def _check_tensor(name: str, t: object, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise DeviceMismatchError(f"{name} is on {t.device}, the pool is on {device}")

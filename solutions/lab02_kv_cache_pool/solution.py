@@ -1,0 +1,636 @@
+"""Lab 2 — the KV-cache pool: paged K/V tensors, block tables, and the sequences that use them.
+
+The pool owns the memory Labs 3–5 read: ``key_cache`` and ``value_cache`` in the workbook's one
+layout ``[num_blocks, num_kv_heads, block_size, head_size]`` (``reference/layout.py``), a
+``block_tables`` row per live sequence, and ``context_lens``. A block manager (Lab 1's
+interface) decides which physical blocks are free; the pool decides which blocks each sequence
+holds, where each new token's K/V goes (its *slot*), and copies a shared block before anyone
+writes into it (copy-on-write).
+
+Invariants, true after every public call (the tests check them):
+  * a live sequence with ``n`` tokens holds exactly ``ceil(n / block_size)`` blocks; its row of
+    ``block_tables`` lists them in logical order and is padded with ``PAD_BLOCK_ID``;
+  * rows of no live sequence are all ``PAD_BLOCK_ID`` with ``context_lens == 0``;
+  * every block's ref_count equals the number of live sequences whose table holds it;
+  * a partial (not full) block is written only by a sequence that holds it alone;
+  * a failed call (any exception) changed nothing.
+
+NOTE: the host keeps a shadow of every table (``_Sequence``) and makes every decision from it.
+The device tensors are written, never read back, so no call waits for the GPU — except
+``write_kv``'s bounds check, which reads two numbers back (documented there).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from reference.block_allocator import TrustedBlockAllocator
+from reference.checks import check_int
+from reference.errors import (
+    DeviceMismatchError,
+    DuplicateSequenceError,
+    OutOfBlocksError,
+    SequenceTooLongError,
+    TooManySequencesError,
+    UnknownSequenceError,
+)
+from reference.layout import PAD_BLOCK_ID, num_blocks_for
+
+#: Cache dtypes the pool accepts (the kernels of Labs 4–5 handle these three).
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def kv_cache_bytes_per_block(block_size: int, num_kv_heads: int, head_size: int,
+                             dtype: torch.dtype) -> int:
+    """Returns the bytes one block takes in the pool, keys and values together.
+
+    Args:
+        block_size: tokens per block.
+        num_kv_heads: KV heads.
+        head_size: elements per head vector.
+        dtype: cache element type.
+
+    Returns:
+        ``2 * block_size * num_kv_heads * head_size * dtype.itemsize``.
+
+    Raises:
+        TypeError / ValueError: a size is not an int >= 1, or ``dtype`` is not supported.
+    """
+    block_size = check_int("block_size", block_size, min_value=1)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
+    head_size = check_int("head_size", head_size, min_value=1)
+    _check_dtype(dtype)
+    return 2 * block_size * num_kv_heads * head_size * dtype.itemsize
+
+
+def num_blocks_from_budget(budget_bytes: int, block_size: int, num_kv_heads: int,
+                           head_size: int, dtype: torch.dtype) -> int:
+    """Returns how many whole blocks fit in a memory budget.
+
+    Args:
+        budget_bytes: bytes set aside for this layer's K and V.
+        block_size: tokens per block.
+        num_kv_heads: KV heads.
+        head_size: elements per head vector.
+        dtype: cache element type.
+
+    Returns:
+        ``budget_bytes // kv_cache_bytes_per_block(...)`` (a partial block is of no use).
+
+    Raises:
+        TypeError / ValueError: bad arguments, or the budget holds not even one block.
+    """
+    budget_bytes = check_int("budget_bytes", budget_bytes, min_value=0)
+    per_block = kv_cache_bytes_per_block(block_size, num_kv_heads, head_size, dtype)
+    num_blocks = budget_bytes // per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"budget_bytes={budget_bytes} holds no block: one block of {block_size} tokens × "
+            f"{num_kv_heads} heads × {head_size} × {dtype} takes {per_block} bytes (K and V)"
+        )
+    return num_blocks
+
+
+def compute_slot_mapping(block_tables: torch.Tensor, seq_rows: torch.Tensor,
+                         positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Returns the cache slot of each token: ``block_id * block_size + position % block_size``.
+
+    Vectorized: one gather from the block table and two integer ops, whatever the token count.
+
+    Args:
+        block_tables: int32 table, padded with PAD_BLOCK_ID.  # [max_num_seqs, max_blocks_per_seq]
+        seq_rows: each token's row in ``block_tables``.  # [num_tokens] int64
+        positions: each token's position in its sequence.  # [num_tokens] int64
+        block_size: tokens per block.
+
+    Returns:
+        int64 slots on ``block_tables.device``.  # [num_tokens]
+    """
+    logical_block_idx = positions // block_size
+    block_ids = block_tables[seq_rows, logical_block_idx].to(torch.int64)
+    offsets = positions % block_size
+    return block_ids * block_size + offsets
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatters new tokens' K/V into their slots of the paged cache, in one vectorized write.
+
+    No checks here (``KVCachePool.write_kv`` does them): this is the hot path an engine runs once
+    per layer per step.
+
+    Args:
+        key: new keys.  # [num_tokens, num_kv_heads, head_size]
+        value: new values.  # [num_tokens, num_kv_heads, head_size]
+        key_cache: the pool.  # [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: the pool.  # [num_blocks, num_kv_heads, block_size, head_size]
+        slot_mapping: distinct slots in ``[0, num_blocks * block_size)``.  # [num_tokens]
+    """
+    block_size = key_cache.shape[2]
+    block_ids = slot_mapping // block_size
+    offsets = slot_mapping % block_size
+    # NOTE: two index tensors split by a slice: torch (like NumPy) puts the indexed dimension
+    # first, so key_cache[block_ids, :, offsets] is [num_tokens, num_kv_heads, head_size] —
+    # exactly key's shape. One index_put_ per cache, no Python loop over tokens.
+    key_cache[block_ids, :, offsets] = key
+    value_cache[block_ids, :, offsets] = value
+
+
+@dataclass
+class _Sequence:
+    """Host shadow of one live sequence (the source of truth for every decision)."""
+
+    row: int  # its row in block_tables / context_lens
+    block_ids: list[int]  # physical blocks in logical order
+    num_tokens: int  # tokens with a slot (== context_lens[row])
+
+
+class KVCachePool:
+    """One layer's paged KV cache, its block tables, and the life cycle of its sequences.
+
+    Attributes:
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        block_tables: [max_num_seqs, max_blocks_per_seq] int32, PAD_BLOCK_ID where unused
+        context_lens: [max_num_seqs] int32, 0 where unused
+        block_manager: hands out block ids and counts references (Lab 1's interface).
+        max_blocks_per_seq: ``ceil(max_model_len / block_size)`` — the table's width.
+        device: the concrete device of every tensor above (e.g. ``cuda:0``).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+        block_manager=None,
+    ) -> None:
+        """Allocates the pool, an all-PAD block table and zero context lengths.
+
+        Args:
+            num_blocks: physical blocks in the pool.
+            block_size: tokens per block.
+            num_kv_heads: KV heads.
+            head_size: elements per head vector.
+            max_num_seqs: rows of ``block_tables``: most sequences live at once.
+            max_model_len: most tokens one sequence may hold; sets the table's width.
+            dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
+            device: where every tensor lives (``"cpu"``, ``"cuda"``, ...).
+            block_manager: an object with Lab 1's interface managing exactly ``num_blocks``
+                blocks, all free; default: a fresh ``TrustedBlockAllocator(num_blocks)``.
+
+        Raises:
+            TypeError / ValueError: a size is not an int >= 1, ``dtype`` is unsupported,
+                ``device`` is unknown, or ``block_manager`` does not fit the pool.
+        """
+        self.num_blocks = check_int("num_blocks", num_blocks, min_value=1)
+        self.block_size = check_int("block_size", block_size, min_value=1)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
+        self.head_size = check_int("head_size", head_size, min_value=1)
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, min_value=1)
+        self.max_model_len = check_int("max_model_len", max_model_len, min_value=1)
+        self.dtype = _check_dtype(dtype)
+        device = _check_device(device)
+        if block_manager is None:
+            block_manager = TrustedBlockAllocator(self.num_blocks)
+        elif (getattr(block_manager, "num_blocks", None) != self.num_blocks
+              or block_manager.num_free_blocks != self.num_blocks):
+            raise ValueError(
+                f"block_manager must manage exactly num_blocks={self.num_blocks} blocks, all "
+                f"free; got num_blocks={getattr(block_manager, 'num_blocks', None)}, "
+                f"num_free_blocks={block_manager.num_free_blocks}"
+            )
+        self.block_manager = block_manager
+        # The seed used num_blocks here: a table as wide as the whole pool, for every row.
+        # The width a sequence can ever need is set by the longest sequence allowed.
+        self.max_blocks_per_seq = num_blocks_for(self.max_model_len, self.block_size)
+
+        shape = (self.num_blocks, self.num_kv_heads, self.block_size, self.head_size)
+        # NOTE: empty, not zeros: like a real engine, never pay to clear memory that every
+        # reader reaches only through a block table and context_lens.
+        self.key_cache = torch.empty(shape, dtype=self.dtype, device=device)
+        self.value_cache = torch.empty(shape, dtype=self.dtype, device=device)
+        self.device = self.key_cache.device  # concrete: "cuda" becomes "cuda:0"
+        # PAD (-1), never 0: 0 is a real block, so a kernel reading a padded entry would
+        # silently attend to another sequence's tokens.
+        self.block_tables = torch.full((self.max_num_seqs, self.max_blocks_per_seq), PAD_BLOCK_ID,
+                                       dtype=torch.int32, device=self.device)
+        self.context_lens = torch.zeros(self.max_num_seqs, dtype=torch.int32, device=self.device)
+        self._seqs: dict[int, _Sequence] = {}
+        self._free_rows = list(range(self.max_num_seqs))  # a heap: the lowest free row first
+
+    @classmethod
+    def from_memory_budget(
+        cls,
+        budget_bytes: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+    ) -> KVCachePool:
+        """Builds the largest pool that fits ``budget_bytes`` (see :func:`num_blocks_from_budget`).
+
+        Args:
+            budget_bytes: bytes for this layer's K and V.
+            block_size, num_kv_heads, head_size, max_num_seqs, max_model_len, dtype, device:
+                as in the constructor.
+
+        Returns:
+            A pool with the default block manager.
+        """
+        num_blocks = num_blocks_from_budget(budget_bytes, block_size, num_kv_heads, head_size,
+                                            dtype)
+        return cls(num_blocks, block_size, num_kv_heads, head_size, max_num_seqs=max_num_seqs,
+                   max_model_len=max_model_len, dtype=dtype, device=device)
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_free_rows(self) -> int:
+        """Block-table rows no sequence holds (``max_num_seqs`` minus live sequences)."""
+        return len(self._free_rows)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        """Live sequence ids, in the order they were added or forked."""
+        return list(self._seqs)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def get_row(self, seq_id: int) -> int:
+        """Returns the ``block_tables`` / ``context_lens`` row of a live sequence.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return self._get(seq_id).row
+
+    def get_block_table(self, seq_id: int) -> list[int]:
+        """Returns a copy of a live sequence's physical block ids, in logical order.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return list(self._get(seq_id).block_ids)
+
+    def get_context_len(self, seq_id: int) -> int:
+        """Returns how many tokens a live sequence holds slots for.
+
+        Raises:
+            UnknownSequenceError: no live sequence has ``seq_id``.
+        """
+        return self._get(seq_id).num_tokens
+
+    # ------------------------------------------------------------ life cycle
+
+    def add_sequence(self, seq_id: int, num_prompt_tokens: int) -> list[int]:
+        """Admits a sequence: a free row and ``ceil(num_prompt_tokens / block_size)`` blocks.
+
+        Args:
+            seq_id: any int not already live.
+            num_prompt_tokens: tokens of the prompt (0 allowed: no block yet).
+
+        Returns:
+            The sequence's block ids.
+
+        Raises:
+            TypeError / ValueError: bad ``seq_id`` or ``num_prompt_tokens``.
+            DuplicateSequenceError: ``seq_id`` is live.
+            SequenceTooLongError: ``num_prompt_tokens > max_model_len``.
+            TooManySequencesError: ``max_num_seqs`` sequences are live.
+            OutOfBlocksError: too few free blocks (nothing was taken).
+        """
+        seq_id = _check_seq_id("seq_id", seq_id)
+        num_tokens = check_int("num_prompt_tokens", num_prompt_tokens, min_value=0)
+        if seq_id in self._seqs:
+            raise DuplicateSequenceError(f"add_sequence(seq_id={seq_id}): seq_id is already live")
+        self._check_length("add_sequence", seq_id, num_tokens)
+        self._check_free_row("add_sequence", seq_id)
+        num_needed = num_blocks_for(num_tokens, self.block_size)
+        self._check_free_blocks(f"add_sequence(seq_id={seq_id}, num_prompt_tokens={num_tokens})",
+                                num_needed)
+        block_ids = self.block_manager.allocate_n(num_needed)
+        row = heapq.heappop(self._free_rows)
+        self._seqs[seq_id] = _Sequence(row, block_ids, num_tokens)
+        self._write_row(row, 0, block_ids)
+        self.context_lens[row] = num_tokens
+        return list(block_ids)
+
+    def append_tokens(self, seq_id: int, num_new_tokens: int = 1) -> None:
+        """Gives ``num_new_tokens`` more tokens a slot, allocating blocks only as needed.
+
+        A new block is taken exactly when a token falls past the end of the last block. If the
+        last block is partial *and shared* (after a fork), it is first copied to a private block
+        (copy-on-write), so the other sequences holding it never see this one's tokens.
+
+        Args:
+            seq_id: a live sequence.
+            num_new_tokens: tokens to add (0 is a no-op).
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+            TypeError / ValueError: bad ``num_new_tokens``.
+            SequenceTooLongError: the sequence would exceed ``max_model_len``.
+            OutOfBlocksError: too few free blocks for the new tokens and the copy (nothing taken).
+        """
+        seq = self._get(seq_id)
+        num_new = check_int("num_new_tokens", num_new_tokens, min_value=0)
+        new_len = seq.num_tokens + num_new
+        self._check_length("append_tokens", seq_id, new_len)
+        cow = num_new > 0 and self._last_block_is_shared_and_partial(seq)
+        num_blocks_needed = num_blocks_for(new_len, self.block_size)
+        num_new_blocks = num_blocks_needed - len(seq.block_ids)
+        self._check_free_blocks(f"append_tokens(seq_id={seq_id}, num_new_tokens={num_new})",
+                                num_new_blocks + int(cow))
+        new_ids = self.block_manager.allocate_n(num_new_blocks + int(cow))
+        if cow:
+            self._copy_on_write(seq, new_ids.pop(0))
+        self._write_row(seq.row, len(seq.block_ids), new_ids)
+        seq.block_ids.extend(new_ids)
+        seq.num_tokens = new_len
+        self.context_lens[seq.row] = new_len
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Drops a sequence: its block references go back to the manager, its row is cleared.
+
+        Args:
+            seq_id: a live sequence.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+        """
+        seq = self._get(seq_id)
+        self.block_manager.free_blocks(seq.block_ids)
+        del self._seqs[seq_id]
+        # Clear the row: a stale row would let a kernel (or a later bug) read blocks that now
+        # belong to somebody else.
+        self.block_tables[seq.row] = PAD_BLOCK_ID
+        self.context_lens[seq.row] = 0
+        heapq.heappush(self._free_rows, seq.row)
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Creates ``child_seq_id`` sharing every block of ``parent_seq_id`` (no K/V copied).
+
+        Each shared block's ref_count goes up by one. The first of them to append into a shared
+        partial last block copies it first (see :meth:`append_tokens`).
+
+        Args:
+            parent_seq_id: a live sequence.
+            child_seq_id: an int that is not live.
+
+        Raises:
+            UnknownSequenceError: ``parent_seq_id`` is not live.
+            TypeError: bad ``child_seq_id``.
+            DuplicateSequenceError: ``child_seq_id`` is live.
+            TooManySequencesError: no free row.
+        """
+        parent = self._get(parent_seq_id, "parent_seq_id")
+        child_seq_id = _check_seq_id("child_seq_id", child_seq_id)
+        if child_seq_id in self._seqs:
+            raise DuplicateSequenceError(
+                f"fork(child_seq_id={child_seq_id}): seq_id is already live")
+        self._check_free_row("fork", child_seq_id)
+        for block_id in parent.block_ids:
+            self.block_manager.increase_ref_count(block_id)
+        row = heapq.heappop(self._free_rows)
+        self._seqs[child_seq_id] = _Sequence(row, list(parent.block_ids), parent.num_tokens)
+        self.block_tables[row] = self.block_tables[parent.row]  # device to device, no sync
+        self.context_lens[row] = parent.num_tokens
+
+    # ------------------------------------------------------ slots and K/V
+
+    def slot_mapping(self, seq_ids: Sequence[int], num_new_tokens: Sequence[int]) -> torch.Tensor:
+        """Returns the slots of a batch's new tokens: the last ``num_new_tokens[i]`` tokens of
+        each sequence ``seq_ids[i]``, sequences back to back.
+
+        Call it after :meth:`add_sequence` / :meth:`append_tokens` reserved the tokens. The
+        result feeds :meth:`write_kv` (and, in an engine, every layer's cache write).
+
+        Args:
+            seq_ids: distinct live sequences.  # [batch]
+            num_new_tokens: new tokens per sequence, ``0 <= n <= context_len``.  # [batch]
+
+        Returns:
+            int64 slots on the pool's device.  # [sum(num_new_tokens)]
+
+        Raises:
+            TypeError / ValueError: mismatched lengths, repeated ids, bad counts, or new tokens
+                that would land in a block another sequence shares (append first: it copies).
+            UnknownSequenceError: an id is not live.
+        """
+        seq_ids, counts = list(seq_ids), list(num_new_tokens)
+        if len(seq_ids) != len(counts):
+            raise ValueError(f"seq_ids has {len(seq_ids)} entries but num_new_tokens has "
+                             f"{len(counts)}")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
+        rows, shifts, total = [], [], 0
+        for i, (seq_id, n) in enumerate(zip(seq_ids, counts)):
+            seq = self._get(seq_id)
+            n = check_int(f"num_new_tokens[{i}]", n, min_value=0)
+            if n > seq.num_tokens:
+                raise ValueError(f"num_new_tokens[{i}]={n} but seq_id={seq_id} holds only "
+                                 f"{seq.num_tokens} tokens")
+            self._check_private_tail(seq_id, seq, n)
+            rows.append(seq.row)
+            # token j of the batch sits at position j + (start of its sequence's new tokens
+            # - index of its first token in the batch)
+            shifts.append(seq.num_tokens - n - total)
+            total += n
+        if total == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device)
+        batch_idx = torch.repeat_interleave(
+            torch.arange(len(counts), device=self.device), counts_t, output_size=total
+        )  # [num_tokens]: which sequence each token belongs to; output_size avoids a sync
+        shift_t = torch.tensor(shifts, dtype=torch.int64, device=self.device)
+        row_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        positions = torch.arange(total, device=self.device) + shift_t[batch_idx]
+        return compute_slot_mapping(self.block_tables, row_t[batch_idx], positions, self.block_size)
+
+    def write_kv(self, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Writes new tokens' K/V into their slots (checked, then :func:`reshape_and_cache`).
+
+        Args:
+            slot_mapping: from :meth:`slot_mapping`; int32 or int64.  # [num_tokens]
+            key: in the pool's dtype and device.  # [num_tokens, num_kv_heads, head_size]
+            value: in the pool's dtype and device.  # [num_tokens, num_kv_heads, head_size]
+
+        Raises:
+            TypeError: not a tensor, or the wrong dtype.
+            DeviceMismatchError: a tensor is not on the pool's device.
+            ValueError: a wrong shape.
+            IndexError: a slot outside ``[0, num_blocks * block_size)`` (e.g. from a PAD entry).
+        """
+        num_tokens = self._check_slot_mapping(slot_mapping)
+        want = (num_tokens, self.num_kv_heads, self.head_size)
+        for name, t in (("key", key), ("value", value)):
+            _check_tensor(name, t, self.device)
+            if t.dtype != self.dtype:
+                raise TypeError(f"{name} must have the pool's dtype {self.dtype}, got {t.dtype} "
+                                f"(no silent cast: convert it yourself)")
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape [num_tokens, num_kv_heads, head_size] = "
+                                 f"{list(want)}, got {list(t.shape)}")
+        if num_tokens:
+            # NOTE: one device-to-host read (a sync on CUDA). An engine trusts its own slot
+            # mapping and skips this; a workbook refuses a slot that would wrap around, since a
+            # negative index silently writes into the *last* blocks of the pool.
+            lo, hi = torch.stack(torch.aminmax(slot_mapping)).tolist()
+            num_slots = self.num_blocks * self.block_size
+            if lo < 0 or hi >= num_slots:
+                bad = lo if lo < 0 else hi
+                raise IndexError(f"slot_mapping holds slot {bad}, outside [0, {num_slots}) "
+                                 f"(num_blocks × block_size); a negative slot comes from a "
+                                 f"PAD_BLOCK_ID entry of the block table")
+        slot_mapping = slot_mapping.to(torch.int64)
+        reshape_and_cache(key, value, self.key_cache, self.value_cache, slot_mapping)
+
+    def gather_kv(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies a sequence's pages back into contiguous K and V (what Labs 3–5 test against).
+
+        Reads the device block table, as a kernel would.
+
+        Args:
+            seq_id: a live sequence.
+
+        Returns:
+            (key, value), each ``[context_len, num_kv_heads, head_size]`` in the pool's dtype
+            and on its device.
+
+        Raises:
+            UnknownSequenceError: ``seq_id`` is not live.
+        """
+        seq = self._get(seq_id)
+        num_blocks = len(seq.block_ids)
+        block_ids = self.block_tables[seq.row, :num_blocks].to(torch.int64)
+        out = []
+        for cache in (self.key_cache, self.value_cache):
+            pages = cache[block_ids]  # [num_blocks, num_kv_heads, block_size, head_size]
+            # tokens are the block's *third* axis: bring them next to the block axis first.
+            tokens = pages.transpose(1, 2).reshape(num_blocks * self.block_size,
+                                                   self.num_kv_heads, self.head_size)
+            out.append(tokens[: seq.num_tokens])
+        return out[0], out[1]
+
+    # ----------------------------------------------------- copy-on-write
+
+    def _last_block_is_shared_and_partial(self, seq: _Sequence) -> bool:
+        """True when the next token would land in a block other sequences also hold."""
+        if seq.num_tokens % self.block_size == 0:
+            return False  # the last block is full (or absent): the next token opens a new one
+        return self.block_manager.get_ref_count(seq.block_ids[-1]) > 1
+
+    def _copy_on_write(self, seq: _Sequence, new_block_id: int) -> None:
+        """Replaces ``seq``'s shared last block by a private copy in ``new_block_id``.
+
+        Args:
+            seq: the sequence about to write into its last block.
+            new_block_id: a freshly allocated block (ref_count 1).
+        """
+        old_block_id = seq.block_ids[-1]
+        self.key_cache[new_block_id] = self.key_cache[old_block_id]
+        self.value_cache[new_block_id] = self.value_cache[old_block_id]
+        seq.block_ids[-1] = new_block_id
+        self.block_tables[seq.row, len(seq.block_ids) - 1] = new_block_id
+        self.block_manager.free(old_block_id)  # drops our reference; the others keep it
+
+    # ------------------------------------------------------------ helpers
+
+    def _get(self, seq_id: object, name: str = "seq_id") -> _Sequence:
+        seq = self._seqs.get(_check_seq_id(name, seq_id))
+        if seq is None:
+            raise UnknownSequenceError(f"{name}={seq_id} is not a live sequence")
+        return seq
+
+    def _check_length(self, op: str, seq_id: int, num_tokens: int) -> None:
+        if num_tokens > self.max_model_len:
+            raise SequenceTooLongError(
+                f"{op}(seq_id={seq_id}): {num_tokens} tokens > max_model_len={self.max_model_len} "
+                f"(max_blocks_per_seq={self.max_blocks_per_seq} × block_size={self.block_size})"
+            )
+
+    def _check_free_row(self, op: str, seq_id: int) -> None:
+        if not self._free_rows:
+            raise TooManySequencesError(
+                f"{op}(seq_id={seq_id}): all max_num_seqs={self.max_num_seqs} rows are in use"
+            )
+
+    def _check_free_blocks(self, call: str, num_needed: int) -> None:
+        free = self.block_manager.num_free_blocks
+        if num_needed > free:
+            raise OutOfBlocksError(f"{call} needs {num_needed} blocks, only {free} are free")
+
+    def _check_private_tail(self, seq_id: int, seq: _Sequence, num_new: int) -> None:
+        """Refuses new tokens that would land in a block another sequence holds."""
+        if num_new == 0:
+            return
+        first = (seq.num_tokens - num_new) // self.block_size
+        last = (seq.num_tokens - 1) // self.block_size
+        for block_id in seq.block_ids[first : last + 1]:
+            refs = self.block_manager.get_ref_count(block_id)
+            if refs > 1:
+                raise ValueError(
+                    f"seq_id={seq_id}: its last {num_new} tokens would be written into block "
+                    f"{block_id}, shared by {refs} sequences; only tokens reserved by "
+                    f"add_sequence/append_tokens (which copy a shared block first) may be written"
+                )
+
+    def _check_slot_mapping(self, slot_mapping: object) -> int:
+        _check_tensor("slot_mapping", slot_mapping, self.device)
+        if slot_mapping.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+        if slot_mapping.dim() != 1:
+            raise ValueError(f"slot_mapping must be 1-D [num_tokens], got shape "
+                             f"{list(slot_mapping.shape)}")
+        return slot_mapping.shape[0]
+
+    def _write_row(self, row: int, start: int, block_ids: list[int]) -> None:
+        """Writes ``block_ids`` into ``block_tables[row, start:]`` (host to device, no sync)."""
+        if block_ids:
+            values = torch.tensor(block_ids, dtype=torch.int32, device=self.device)
+            self.block_tables[row, start : start + len(block_ids)] = values
+
+
+def _check_seq_id(name: str, seq_id: object) -> int:
+    return check_int(name, seq_id)
+
+
+def _check_dtype(dtype: object) -> torch.dtype:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {dtype!r}")
+    return dtype
+
+
+def _check_device(device: object) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+
+
+def _check_tensor(name: str, t: object, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise DeviceMismatchError(f"{name} is on {t.device}, the pool is on {device}")
