@@ -1,8 +1,13 @@
-"""The ``pagedlab`` command line: grade, check, bench and friends.
+"""The ``pagedlab`` command line: status, doctor, grade, check, release and friends.
 
 Subcommands are thin: each lives in its own module with ``add_arguments`` and ``main``.
 Benchmarks are discovered from ``reference/bench/<name>.py`` (each with ``main(argv)``), so a
 lab adds a benchmark without touching this file.
+
+Exit codes, for CI: 0 success; 1 the command ran and found a problem (a score below
+``--fail-under``, a weak test, a release check that failed, a missing requirement); 2 it could
+not do its job (bad arguments or ``LAB_IMPL``, nothing to grade); 3 (``grade`` only) graded,
+but protected files changed or tests went missing, so the grade needs a look.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import reference.bench
 
 # name -> (module, help)
 COMMANDS = {
+    "status": ("reference.status", "my labs: points so far and the next TODO (honours LAB_IMPL)"),
+    "doctor": ("reference.doctor", "what this machine has (Python, torch, CuPy, GPU) and which labs run here"),
     "grade": ("reference.grade", "run the lab tests and grade them (honours LAB_IMPL)"),
     "check": ("reference.strength", "prove test strength: solutions pass, starters 0, mutants caught"),
     "compile": ("reference.compile", "compile-check every .cu file for sm_80 and sm_90 (no GPU needed)"),
+    "release": ("reference.release", "instructors: write and verify the student repository"),
+    "gradescope-bundle": ("reference.gradescope", "instructors: build the Gradescope autograder zip"),
 }
 
 

@@ -54,7 +54,7 @@ def summarize(records: list[dict]) -> list[LabRow]:
     return [rows[k] for k in sorted(rows)]
 
 
-def _fmt_points(x: float) -> str:
+def fmt_points(x: float) -> str:
     return f"{round(x, 2):g}"
 
 
@@ -65,7 +65,7 @@ def format_table(rows: list[LabRow]) -> str:
     for r in rows:
         lines.append(
             f"{r.lab:<28} {f'{r.passed}/{r.total}':>9} {r.skipped:>8} "
-            f"{f'{_fmt_points(r.points)}/{_fmt_points(r.max_points)}':>13}"
+            f"{f'{fmt_points(r.points)}/{fmt_points(r.max_points)}':>13}"
         )
     tot_p = sum(r.points for r in rows)
     tot_m = sum(r.max_points for r in rows)
@@ -75,7 +75,7 @@ def format_table(rows: list[LabRow]) -> str:
     lines.append("-" * len(header))
     lines.append(
         f"{'total':<28} {f'{passed}/{total}':>9} {skipped:>8} "
-        f"{f'{_fmt_points(tot_p)}/{_fmt_points(tot_m)}':>13}"
+        f"{f'{fmt_points(tot_p)}/{fmt_points(tot_m)}':>13}"
     )
     return "\n".join(lines)
 
@@ -140,6 +140,8 @@ def gradescope_results(records: list[dict], implementation: str,
             "status": "passed" if passed else "failed",
             "output": output,
             "tags": [rec["lab"], "hidden"] if hidden else [rec["lab"]],
+            # For instructors' exports and the release check (Gradescope does not show it).
+            "extra_data": {"nodeid": rec["nodeid"], "outcome": rec["outcome"]},
         }
         if hidden:
             test["visibility"] = "after_due_date"
@@ -174,11 +176,11 @@ def markdown_summary(records: list[dict], implementation: str,
     for r in rows:
         lines.append(
             f"| {r.lab} | {r.passed}/{r.total} | {r.skipped} | "
-            f"{_fmt_points(r.points)}/{_fmt_points(r.max_points)} |"
+            f"{fmt_points(r.points)}/{fmt_points(r.max_points)} |"
         )
     tot_p = sum(r.points for r in rows)
     tot_m = sum(r.max_points for r in rows)
-    lines.append(f"| **total** | | | **{_fmt_points(tot_p)}/{_fmt_points(tot_m)}** |")
+    lines.append(f"| **total** | | | **{fmt_points(tot_p)}/{fmt_points(tot_m)}** |")
     hidden_lines = hidden_summary(records)
     if hidden_lines:
         lines += ["", "### Hidden tests", ""] + [f"- {line}" for line in hidden_lines]

@@ -229,6 +229,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "implementation": describe_impl(),
         "exitstatus": int(exitstatus),
         "collected": [r.nodeid for r in config._pagedlab_records.values()],
+        "points": {r.nodeid: r.points for r in config._pagedlab_records.values()},
         "tests": [_public(r) for r in records],
     }
     Path(path).write_text(json.dumps(payload, indent=1))

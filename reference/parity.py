@@ -1,0 +1,146 @@
+"""Starter/solution parity: the same public API, signature for signature, docstring for docstring.
+
+A student reads the starter's docstrings as the spec and the tests call the solution's
+signatures; when the two drift apart, the starter lies. ``pagedlab release`` refuses to ship a
+lab whose starter and solution differ in any public function, class, method, property or
+dataclass field (name, arguments with annotations and defaults, return annotation, decorators,
+docstring), or in the parameter list of any ``extern "C" __global__`` kernel of a ``.cu`` file
+both have.
+
+Read from source with :mod:`ast` (nothing is imported), so a starter that cannot run yet is
+still checked. Private names (``_x``) are free to differ; dunder methods are public.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+@dataclass(frozen=True)
+class ApiItem:
+    """One public name: what kind it is, its signature and its docstring."""
+
+    kind: str  # function | class | method | field
+    signature: str
+    doc: str | None
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
+
+
+def _decorators(node) -> str:
+    return "".join(f"@{ast.unparse(d)} " for d in node.decorator_list)
+
+
+def _func_sig(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    return f"{_decorators(node)}{prefix} {node.name}({ast.unparse(node.args)}){ret}"
+
+
+def public_api(source: str) -> dict[str, ApiItem]:
+    """Returns a module's public API by qualified name (``Class.method``).
+
+    Args:
+        source: Python source text.
+    """
+    api: dict[str, ApiItem] = {}
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(node.name):
+            api[node.name] = ApiItem("function", _func_sig(node), ast.get_docstring(node))
+        elif isinstance(node, ast.ClassDef) and _public(node.name):
+            bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
+            api[node.name] = ApiItem("class", f"{_decorators(node)}class {node.name}({bases})",
+                                     ast.get_docstring(node))
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(item.name):
+                    api[f"{node.name}.{item.name}"] = ApiItem("method", _func_sig(item),
+                                                              ast.get_docstring(item))
+                elif (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                      and _public(item.target.id)):
+                    value = f" = {ast.unparse(item.value)}" if item.value is not None else ""
+                    api[f"{node.name}.{item.target.id}"] = ApiItem(
+                        "field", f"{item.target.id}: {ast.unparse(item.annotation)}{value}", None)
+    return api
+
+
+def compare_python(starter: Path, solution: Path) -> list[str]:
+    """Returns the differences between a starter's and a solution's public API.
+
+    Args:
+        starter: ``labs/<lab>/<name>.py``.
+        solution: the matching file under ``solutions/<lab>/``.
+
+    Returns:
+        One human-readable line per difference (empty when they match).
+    """
+    got, want = public_api(starter.read_text()), public_api(solution.read_text())
+    problems = []
+    where = f"{starter.parent.name}/{starter.name}"
+    for name in sorted(set(want) - set(got)):
+        problems.append(f"{where}: {want[name].kind} {name} is in the solution but not the starter")
+    for name in sorted(set(got) - set(want)):
+        problems.append(f"{where}: {got[name].kind} {name} is in the starter but not the solution")
+    for name in sorted(set(got) & set(want)):
+        a, b = got[name], want[name]
+        if a.signature != b.signature:
+            problems.append(f"{where}: {name} signature differs:\n    starter:  {a.signature}\n"
+                            f"    solution: {b.signature}")
+        if a.doc != b.doc:
+            problems.append(f"{where}: {name} docstring differs from the solution's")
+    return problems
+
+
+def kernel_signatures(source: str) -> dict[str, str]:
+    """Returns ``extern "C" __global__`` kernels: name -> normalised parameter list."""
+    no_comments = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    return {name: " ".join(params.split()) for name, params in _KERNEL.findall(no_comments)}
+
+
+def compare_cuda(starter: Path, solution: Path) -> list[str]:
+    """Returns kernels whose parameters differ (or that one side lacks) between two ``.cu`` files."""
+    got = kernel_signatures(starter.read_text())
+    want = kernel_signatures(solution.read_text())
+    where = f"{starter.parent.name}/{starter.name}"
+    problems = [f"{where}: kernel {k} is in the solution but not the starter"
+                for k in sorted(set(want) - set(got))]
+    problems += [f"{where}: kernel {k} is in the starter but not the solution"
+                 for k in sorted(set(got) - set(want))]
+    problems += [f"{where}: kernel {k} parameters differ:\n    starter:  ({got[k]})\n"
+                 f"    solution: ({want[k]})" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
+    return problems
+
+
+def check_lab(lab_dir: Path, solution_dir: Path) -> list[str]:
+    """Returns every parity problem of one lab.
+
+    ``starter.py`` is compared with ``solution.py``; any other ``.py`` or ``.cu`` file present
+    under the same name in both folders (``solutions/`` mirrors ``labs/`` name for name) is
+    compared too. Test files and private helpers (``test_*``, ``_*``) are skipped.
+    """
+    problems = []
+    pairs = []
+    if (lab_dir / "starter.py").is_file() and (solution_dir / "solution.py").is_file():
+        pairs.append((lab_dir / "starter.py", solution_dir / "solution.py"))
+    elif (lab_dir / "starter.py").is_file():
+        problems.append(f"{lab_dir.name}: has starter.py but solutions/{lab_dir.name}/solution.py "
+                        f"is missing")
+    for path in sorted(solution_dir.rglob("*")):
+        rel = path.relative_to(solution_dir)
+        if (path.suffix not in (".py", ".cu") or path.name.startswith(("test_", "_"))
+                or path.name == "solution.py" or "hidden" in rel.parts):
+            continue
+        twin = lab_dir / rel
+        if twin.is_file():
+            pairs.append((twin, path))
+    for starter, solution in pairs:
+        compare = compare_cuda if starter.suffix == ".cu" else compare_python
+        problems += compare(starter, solution)
+    return problems
