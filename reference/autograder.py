@@ -32,6 +32,8 @@ from reference.paths import REPO_ROOT
 
 CONFIG_NAME = "pagedlab-autograder.json"
 MAX_DEPTH = 3
+#: Student files that never affect a grade (handout copies, notebooks): not copied.
+NOT_GRADED = {".md", ".ipynb"}
 
 
 def find_submission_root(submission: Path, labs: list[str]) -> tuple[Path | None, str | None]:
@@ -79,7 +81,7 @@ def import_student_files(root: Path, labs: list[str], single_lab: str | None = N
             rel = f"labs/{lab}/{path.relative_to(folder).as_posix()}"
             if path.is_symlink() or not path.is_file() or not is_student_file(rel):
                 continue
-            if any(part.startswith(".") for part in Path(rel).parts):
+            if any(part.startswith(".") for part in Path(rel).parts) or path.suffix in NOT_GRADED:
                 continue
             dest = REPO_ROOT / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -91,14 +93,18 @@ def import_student_files(root: Path, labs: list[str], single_lab: str | None = N
 def submission_tamper(root: Path, manifest: dict, labs: list[str]) -> Tamper:
     """Returns the protected files a repository-style submission edited or added.
 
-    Deleted files are not reported: a submission may hold only part of the repository.
+    Deleted files are not reported: a submission may hold only part of the repository. The
+    Classroom workflow (``.github/``) and the bundle's hidden tests are not compared: grading
+    here uses neither the submission's workflow nor any hidden test it could hold.
     """
     scoped = {rel: h for rel, h in manifest["files"].items()
-              if not rel.startswith(("hidden/", "labs/")) or rel.split("/")[1] in labs
-              or rel == "labs/__init__.py"}
+              if not rel.startswith((".github/", "hidden/"))
+              and (not rel.startswith("labs/") or rel.split("/")[1] in labs
+                   or rel == "labs/__init__.py")}
     found = verify_manifest(root, {"files": scoped})
-    added = [rel for rel in found.added
-             if not rel.startswith("labs/") or (len(rel.split("/")) > 2 and rel.split("/")[1] in labs)]
+    added = [rel for rel in found.added if not rel.startswith((".github/", "hidden/"))
+             and (not rel.startswith("labs/") or (len(rel.split("/")) > 2
+                                                  and rel.split("/")[1] in labs))]
     return Tamper(edited=found.edited, added=added)
 
 

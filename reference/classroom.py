@@ -31,6 +31,10 @@ def classroom_result(records: list[dict], max_score: float | None = None,
                      error: str | None = None) -> dict:
     """Builds one runner's result in the Classroom reporter's format.
 
+    The cases of a parametrized test are reported as one entry (its points times the share of
+    cases that passed): the reporter adds up scores as floats, and whole-function entries keep
+    a full score exact (41, not 40.9993 from thirds).
+
     Args:
         records: the graded records of the step's lab(s).
         max_score: the step's maximum (default: the records' points).
@@ -39,18 +43,28 @@ def classroom_result(records: list[dict], max_score: float | None = None,
     Returns:
         The result dict (see the module docstring).
     """
-    tests = []
+    groups: dict[str, list[dict]] = {}
     for rec in records:
-        passed = rec["outcome"] == "passed"
+        groups.setdefault(rec["nodeid"].split("[")[0], []).append(rec)
+    tests = []
+    for key, cases in groups.items():
+        passed = [c for c in cases if c["outcome"] == "passed"]
+        failed = [c for c in cases if c["outcome"] != "passed"]
+        points = round(sum(c["points"] for c in cases), 4)
+        message = ""
+        if failed:
+            message = failed[0].get("message", "")[:1000]
+            if len(cases) > 1:
+                message = f"{len(failed)} of {len(cases)} cases failed; first: {message}"
         tests.append({
-            "name": rec["nodeid"].split("::", 1)[-1],
-            "status": "pass" if passed else "fail",
-            "score": round(rec["points"], 4) if passed else 0,
-            "message": "" if passed else rec.get("message", "")[:1000],
+            "name": key.split("::", 1)[-1],
+            "status": "pass" if not failed else "fail",
+            "score": points if not failed else round(points * len(passed) / len(cases), 2),
+            "message": message,
             "test_code": "",
-            "filename": rec["nodeid"].split("::", 1)[0],
+            "filename": key.split("::", 1)[0],
             "line_no": 0,
-            "duration": int(1000 * rec.get("duration_s", 0.0)),
+            "duration": int(1000 * sum(c.get("duration_s", 0.0) for c in cases)),
         })
     if max_score is None:
         max_score = sum(rec["points"] for rec in records)

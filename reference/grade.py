@@ -67,7 +67,9 @@ def resolve_labs(names: list[str]) -> list[str]:
             key = name
         match = [lab for lab in known if lab == key or lab.startswith(key + "_")]
         if len(match) != 1:
-            raise SystemExit(f"pagedlab: no lab matches {name!r}; labs are: {', '.join(known)}")
+            print(f"pagedlab: no lab matches {name!r}; labs are: {', '.join(known)}",
+                  file=sys.stderr)
+            raise SystemExit(EXIT_CANNOT_GRADE)
         out.append(match[0])
     return out
 

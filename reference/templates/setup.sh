@@ -15,11 +15,10 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
 fi
 python3 -m venv "$ROOT/venv"
 if [ -n "$TORCH_INDEX" ]; then
+    # The CPU build first, from its own index (PyPI's torch is the multi-GB CUDA build).
     "$ROOT/venv/bin/pip" install -q "@TORCH@" --index-url "$TORCH_INDEX"
-else
-    "$ROOT/venv/bin/pip" install -q "@TORCH@"
 fi
 # The workbook's own code always runs from the bundle's files (run_autograder works in a copy);
 # installing it here just pulls its dependencies (pytest, hypothesis, pytest-timeout, ...).
-"$ROOT/venv/bin/pip" install -q -e "$SOURCE[dev]"
+"$ROOT/venv/bin/pip" install -q "@TORCH@" -e "$SOURCE[dev]"
 "$ROOT/venv/bin/python" -c "import torch, numpy, pytest, hypothesis; print('setup ok: torch', torch.__version__)"

@@ -59,7 +59,9 @@ def test_hidden_scheduler_workload_never_serves_stale_blocks(impl):
     assert num_hits > 100, f"only {num_hits} prefix blocks were reused — prefix caching is off?"
     for blocks in live:
         bm.free_blocks(blocks)
-    assert bm.num_free_blocks == num_blocks
+    assert bm.num_free_blocks == num_blocks, (
+        f"{num_blocks - bm.num_free_blocks} blocks still in use after every request finished"
+    )
     check_invariants(bm)
 
 
@@ -81,7 +83,11 @@ def test_hidden_block_revived_from_mid_queue_is_evicted_last(impl):
         f"eviction order {got}, expected {[ids[0], ids[1], ids[3]]}: a revived-then-freed block "
         f"must go to the tail of the free queue"
     )
-    assert bm.num_cached_blocks == 1 and bm.get_ref_count(ids[2]) == 0
+    assert bm.num_cached_blocks == 1, (
+        f"num_cached_blocks={bm.num_cached_blocks} after 3 evictions of 4 cached blocks, "
+        f"expected 1: an evicted block's hash must leave the cache"
+    )
+    assert bm.get_ref_count(ids[2]) == 0, "the revived-then-freed block must be free again"
     assert bm.get_computed_blocks([100, 102]) == [], "the lookup must stop at the evicted block"
     assert bm.get_ref_count(ids[2]) == 0, "a block after the first miss must not be referenced"
     check_invariants(bm)

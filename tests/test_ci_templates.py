@@ -1,0 +1,217 @@
+"""Infrastructure (no points): the CI templates grade a release to its known score when their
+commands are run locally — the GitHub Classroom workflow step by step, and the Gradescope
+bundle's run_autograder (and, once, its setup.sh) in a fake /autograder."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grading_helpers import pagedlab
+from reference.classroom import reporter_total
+from reference.mutants import build_mutant, load_mutants
+from reference.paths import REPO_ROOT
+
+SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SKIP_SLOW") == "1",
+                          reason="slow end-to-end test (PAGEDLAB_SKIP_SLOW=1)")
+LAB1 = "lab01_block_manager"
+SOLUTION = REPO_ROOT / "solutions" / LAB1 / "solution.py"
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("classroom") / "student"
+    proc = pagedlab(REPO_ROOT, "release", str(out), "1", "--no-verify")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    """Lab 1's autograder zip."""
+    path = tmp_path_factory.mktemp("gradescope") / "lab1-autograder.zip"
+    proc = pagedlab(REPO_ROOT, "gradescope-bundle", str(path), "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return path
+
+
+def _student(release: Path, dest: Path, starter: str | None = None) -> Path:
+    shutil.copytree(release, dest)
+    if starter is not None:
+        (dest / "labs" / LAB1 / "starter.py").write_text(starter)
+    return dest
+
+
+def _half_solution() -> str:
+    """The solution with hashing left undone: earns partial credit."""
+    text = SOLUTION.read_text()
+    return text.replace('    payload = f"{parent_block_hash}',
+                        '    raise NotImplementedError("TODO(lab1.5): not done")\n'
+                        '    payload = f"{parent_block_hash}', 1)
+
+
+def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
+    """Runs every lab step of the release's workflow like Actions would, then totals the
+    step results the way Classroom's reporter does."""
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((root / ".github/workflows/classroom.yml").read_text())
+    steps = workflow["jobs"]["run-autograding-tests"]["steps"]
+    outputs: dict[str, str] = {}
+    for step in steps:
+        if not str(step.get("run", "")).startswith("pagedlab grade"):
+            continue
+        out_file = tmp / f"github_output_{step['id']}"
+        # `pagedlab` here is this interpreter on the release's own code (python -m, from its root).
+        cmd = step["run"].replace("pagedlab", f"{sys.executable} -m reference.cli", 1)
+        env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "GITHUB_STEP_SUMMARY")}
+        env["GITHUB_OUTPUT"] = str(out_file)
+        subprocess.run(cmd, shell=True, cwd=root, env=env, capture_output=True, text=True)
+        line = [ln for ln in out_file.read_text().splitlines() if ln.startswith("result=")][-1]
+        outputs[step["id"]] = line.removeprefix("result=")
+    reporter = next(s for s in steps if "autograding-grading-reporter" in str(s.get("uses")))
+    runners = reporter["with"]["runners"].split(",")
+    encoded = {}
+    for rid in runners:
+        expr = reporter["env"][f"{rid.upper()}_RESULTS"]
+        step_id = re.search(r"steps\.([\w-]+)\.outputs\.result", expr).group(1)
+        encoded[rid] = outputs[step_id]
+    return reporter_total(encoded)
+
+
+@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", 41), ("half", "partial")])
+def test_classroom_workflow_steps_grade_the_release(release, tmp_path, starter, expect):
+    """The workflow's per-lab step gives Classroom 0/41 for the untouched release, 41/41 with
+    the solution, and partial credit (exactly what `pagedlab grade` scores) in between."""
+    text = {"solution": SOLUTION.read_text(), "half": _half_solution(), None: None}[starter]
+    root = _student(release, tmp_path / "s", text)
+    total, maximum = _run_classroom_workflow(root, tmp_path)
+    assert maximum == 41
+    if expect == "partial":
+        assert 0 < total < 41
+        res = json.loads((root / "results-lab01.json").read_text())
+        assert total == pytest.approx(res["score"], abs=0.05)
+    else:
+        assert total == pytest.approx(expect)
+
+
+def _autograder(bundle: Path, tmp: Path, submission: Path | None) -> Path:
+    """Lays out a fake /autograder (source = the unpacked zip, submission) and returns it."""
+    root = tmp / "autograder"
+    (root / "source").mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as zf:
+        zf.extractall(root / "source")
+    for script in ("run_autograder", "setup.sh"):
+        os.chmod(root / "source" / script, 0o755)
+    if submission is not None:
+        shutil.copytree(submission, root / "submission")
+    else:
+        (root / "submission").mkdir()
+    return root
+
+
+def _run_autograder(root: Path, python: str | None = sys.executable) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "PYTEST_ADDOPTS")}
+    env["PAGEDLAB_AUTOGRADER_ROOT"] = str(root)
+    if python:
+        env["PAGEDLAB_PYTHON"] = python
+    proc = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def test_bundle_holds_the_scripts_hidden_tests_and_no_solutions(bundle):
+    """setup.sh and run_autograder sit at the zip's root (executable); hidden tests ride in
+    hidden/<lab>/; no solution file is in the zip; the manifest expects the hidden tests."""
+    with zipfile.ZipFile(bundle) as zf:
+        names = zf.namelist()
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+        manifest = json.loads(zf.read(".pagedlab-manifest.json"))
+    assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
+    assert any(n.startswith(f"hidden/{LAB1}/test_lab01_hidden") for n in names)
+    assert not any(n.startswith("solutions/") or n.endswith("solution.py") for n in names)
+    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(45)  # 41 public + 4 hidden
+    assert subprocess.run(["bash", "-n", "-c", zipfile.ZipFile(bundle).read("setup.sh").decode()]).returncode == 0
+
+
+@pytest.mark.parametrize("case, score", [("untouched", 0), ("solution", 45), ("bare_file", 45)])
+def test_run_autograder_scores_a_submission(bundle, release, tmp_path, case, score):
+    """run_autograder writes results.json with the known score: 0 for the untouched release,
+    45/45 (hidden tests included) with the solution — as a repository or as a bare starter.py."""
+    if case == "bare_file":
+        sub = tmp_path / "upload"
+        sub.mkdir()
+        shutil.copy2(SOLUTION, sub / "starter.py")
+    else:
+        sub = _student(release, tmp_path / "repo", SOLUTION.read_text() if case == "solution" else None)
+    res = _run_autograder(_autograder(bundle, tmp_path, sub))
+    assert (res["score"], res["max_score"]) == (score, 45)
+    assert "hidden tests failed in lab01_block_manager" in res["output"] or \
+        "hidden test failed in lab01_block_manager" in res["output"]
+    assert f"labs/{LAB1}/starter.py" in res["output"]
+
+
+def test_submitted_test_edits_are_ignored_and_reported(bundle, release, tmp_path):
+    """A submission whose test file was gutted and which adds a conftest.py is graded with the
+    bundle's originals (the untouched starter still scores 0) and both files are named."""
+    sub = _student(release, tmp_path / "repo")
+    test = sub / "labs" / LAB1 / "test_lab01_free_queue.py"
+    test.write_text("import pytest\n\n@pytest.mark.points(100)\ndef test_free():\n    pass\n")
+    (sub / "labs" / LAB1 / "conftest.py").write_text("def pytest_runtest_makereport(): pass\n")
+    res = _run_autograder(_autograder(bundle, tmp_path, sub))
+    assert (res["score"], res["max_score"]) == (0, 45)
+    assert f"labs/{LAB1}/test_lab01_free_queue.py was edited" in res["output"]
+    assert f"labs/{LAB1}/conftest.py was added" in res["output"]
+
+
+def test_hidden_failures_show_the_message_after_the_due_date_only(bundle, release, tmp_path):
+    """A solution with a stale-hash bug fails a hidden test: Gradescope gets it with
+    visibility after_due_date and only its failure message (no traceback, no test code), and
+    the summary counts it."""
+    mutant = next(m for m in load_mutants(LAB1) if m.name == "stale_hash_after_reuse")
+    broken = (build_mutant(mutant, tmp_path / "mutant") / "solution.py").read_text()
+    sub = _student(release, tmp_path / "repo", broken)
+    res = _run_autograder(_autograder(bundle, tmp_path, sub))
+    hidden = [t for t in res["tests"] if "hidden" in t["tags"]]
+    assert hidden and all(t["visibility"] == "after_due_date" for t in hidden)
+    failed = [t for t in hidden if t["status"] == "failed"]
+    assert failed, "the stale-hash bug should fail a hidden test"
+    for t in failed:
+        assert t["output"].strip() and "def test_" not in t["output"]
+        assert "impl.BlockManager" not in t["output"] and " where " not in t["output"]
+    assert any("stale hash" in t["output"] or "evicted block" in t["output"] for t in failed)
+    assert re.search(rf"{len(failed)} hidden tests? failed in {LAB1}", res["output"])
+    public = [t for t in res["tests"] if "hidden" not in t["tags"]]
+    assert all("visibility" not in t for t in public)
+
+
+def test_an_empty_submission_scores_zero_with_a_reason(bundle, tmp_path):
+    """Nothing recognisable in the submission: score 0 and a message saying what to upload."""
+    res = _run_autograder(_autograder(bundle, tmp_path, None))
+    assert res["score"] == 0 and "No lab files found" in res["output"]
+
+
+@SLOW
+def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tmp_path):
+    """End to end, like Gradescope: setup.sh makes the virtual environment (torch + the
+    workbook's test dependencies, here from pip's configured index), then run_autograder,
+    with that environment, grades the solution 45/45. (~1 minute.)"""
+    if shutil.which("python3") is None:
+        pytest.skip("python3 is not on PATH")
+    root = _autograder(bundle, tmp_path, _student(release, tmp_path / "repo", SOLUTION.read_text()))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(PAGEDLAB_AUTOGRADER_ROOT=str(root), PAGEDLAB_TORCH_INDEX="")
+    proc = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source",
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "setup ok" in proc.stdout
+    res = _run_autograder(root, python=None)  # the venv setup.sh made
+    assert (res["score"], res["max_score"]) == (45, 45)
