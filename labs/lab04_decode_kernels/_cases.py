@@ -1,0 +1,114 @@
+"""Test helpers for Lab 4: decode cases on the GPU, the float64 oracle, and teaching comparisons.
+
+Tolerance (documented in the handout): the kernels read fp16/bf16 K/V and accumulate in fp32,
+so against the float64 oracle — computed on the *same* rounded inputs — the relative error
+``||out - ref|| / ||ref||`` must stay under ``REL_TOL`` and no element may be off by more than
+``ABS_TOL[dtype]``. Seen in practice: about 2e-4 (fp16) and 2e-3 (bf16). NaN never passes: every
+unused block and every row past a sequence's last token is NaN in these caches, and the output
+buffer is NaN before the call, so a read too many or an element never written shows as NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference.inputs import make_decode_case
+from reference.oracle import paged_decode_ref
+
+REL_TOL = 1e-2
+ABS_TOL = {"float16": 1e-2, "bfloat16": 5e-2}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+class GpuCase:
+    """One decode batch on the GPU plus its float64 reference.
+
+    Attributes:
+        query, key_cache, value_cache, block_tables, context_lens: CUDA tensors.
+        ref: [num_seqs, num_q_heads, head_size] float64 oracle output.
+        lse: [num_seqs, num_q_heads] float64 oracle log-sum-exp.
+        scale: softmax scale.
+    """
+
+    def __init__(self, seed, context_lens, num_q_heads, num_kv_heads, head_size, block_size, *,
+                 dtype="float16", q_scale=1.0, **kv_kwargs):
+        import torch
+
+        case = make_decode_case(seed, context_lens, num_q_heads, num_kv_heads, head_size,
+                                block_size, dtype=np.float32, **kv_kwargs)
+        td = torch_dtype(dtype)
+        self.dtype = dtype
+        self.scale = case.scale
+        self.query = (torch.from_numpy(case.query) * q_scale).to("cuda", td)
+        self.key_cache = torch.from_numpy(case.kv.key_cache).to("cuda", td)
+        self.value_cache = torch.from_numpy(case.kv.value_cache).to("cuda", td)
+        self.block_tables = torch.from_numpy(case.kv.block_tables).to("cuda")
+        self.context_lens = torch.from_numpy(case.kv.context_lens).to("cuda")
+        self.host_tables = case.kv.block_tables
+        self.host_lens = case.kv.context_lens
+        # The reference sees exactly the rounded values the kernel sees.
+        self.ref, self.lse = paged_decode_ref(
+            self.query.float().cpu().numpy(), self.key_cache.float().cpu().numpy(),
+            self.value_cache.float().cpu().numpy(), case.kv.block_tables, case.kv.context_lens,
+            self.scale)
+
+    def args(self):
+        return (self.query, self.key_cache, self.value_cache, self.block_tables, self.context_lens)
+
+    def poisoned_out(self):
+        """An output buffer full of NaN: an element the kernel never writes stays NaN."""
+        import torch
+
+        return torch.full_like(self.query, float("nan"))
+
+
+def assert_matches(got, ref, lens, dtype: str, what: str) -> None:
+    """Asserts ``got`` (any array-like) matches the oracle ``ref``; the message teaches.
+
+    Args:
+        got: [num_seqs, num_q_heads, head_size] kernel output (torch, CuPy or NumPy).
+        ref: the oracle output, float64.
+        lens: context lengths (to name the first bad sequence's length).
+        dtype: the kernel's dtype name (picks ABS_TOL).
+        what: a few words naming the kernel and case, for the message.
+    """
+    if hasattr(got, "detach"):
+        got = got.detach().float().cpu().numpy()
+    elif type(got).__module__.startswith("cupy"):
+        got = got.astype("float32").get()
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: output shape {got.shape}, expected {ref.shape}"
+    if not np.isfinite(got).all():
+        s, h, d = np.argwhere(~np.isfinite(got))[0]
+        raise AssertionError(
+            f"{what}: output[{s}, {h}, {d}] is {got[s, h, d]} (context_len={lens[s]}). NaN means "
+            "the kernel read a poisoned value — a row past the sequence's last token, an unused "
+            "block, a wrong block-table entry — or never wrote that element of the output.")
+    diff = np.abs(got - ref)
+    rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+    worst = np.unravel_index(np.argmax(diff), diff.shape)
+    bad_heads = np.argwhere(diff.max(axis=-1) > ABS_TOL[dtype])
+    if rel >= REL_TOL or len(bad_heads):
+        s, h = bad_heads[0] if len(bad_heads) else worst[:2]
+        raise AssertionError(
+            f"{what}: relative error {rel:.2e} (limit {REL_TOL:.0e}), max abs error "
+            f"{diff.max():.2e} at output{tuple(int(i) for i in worst)} (limit {ABS_TOL[dtype]:.0e}); "
+            f"first bad (seq, head) = ({s}, {h}) with context_len={lens[s]}: got "
+            f"{np.round(got[s, h, :4], 4)}..., expected {np.round(ref[s, h, :4], 4)}...")
+
+
+def assert_exact_zeros(got, seqs, what: str) -> None:
+    """The zero-length contract: every output element of the given sequences is exactly 0."""
+    if hasattr(got, "detach"):
+        got = got.detach().float().cpu().numpy()
+    for s in seqs:
+        row = np.asarray(got[s], dtype=np.float64)
+        assert (row == 0).all(), (
+            f"{what}: sequence {s} has context_len 0, so its output must be exactly 0 (Lab 3's "
+            f"contract), got {row.ravel()[:4]}... — NaN means it was never written (an early "
+            "return before the store?), 0/0 shows as NaN too")

@@ -1,0 +1,316 @@
+"""Lab 4, GPU part: v1..v4 compute the decode step exactly as the float64 oracle does.
+
+Every case uses NaN-poisoned caches (unused blocks, rows past each sequence's end) and, where
+the test says so, a NaN-filled output buffer. Tolerance: see ``_cases.py`` (relative error
+< 1e-2 against the oracle on the same rounded inputs, max-abs bounds per dtype, NaN never).
+Skipped, with the reason, on a machine without a CUDA GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
+from reference.errors import DeviceMismatchError
+from reference.gpu import gpu_skip_reason
+from reference.paths import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(gpu_skip_reason() is not None,
+                                reason=f"GPU-REQ: {gpu_skip_reason()}")
+
+VERSIONS = ["v1", "v2", "v3", "v4"]
+
+
+def run(impl, version, case: GpuCase, *, poisoned_out=True, **kwargs):
+    """Runs one kernel version on a case (into a NaN-filled buffer) and waits for it."""
+    import torch
+
+    out = case.poisoned_out() if poisoned_out else None
+    result = impl.KERNELS[version](*case.args(), case.scale, out=out, **kwargs)
+    torch.cuda.synchronize()
+    return result
+
+
+@pytest.mark.points(4)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matches_oracle_on_ragged_batches(impl, version):
+    """Ragged lengths (1, a block minus one, exactly a block, a block plus one, long), random
+    block tables, MHA and GQA 4 and 8: every output matches the float64 oracle."""
+    cases = [
+        GpuCase(11, [1, 15, 16, 17, 100, 250, 3], 8, 2, 128, 16),
+        GpuCase(12, [33, 1, 64, 190], 4, 4, 128, 16),
+        GpuCase(13, [129, 7], 8, 1, 128, 16),
+    ]
+    for i, case in enumerate(cases):
+        assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
+                       f"{version}, case {i}")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_bfloat16_cache(impl, version):
+    """bf16 queries and caches (fp32 accumulation) match the oracle within bf16's tolerance."""
+    case = GpuCase(21, [1, 15, 16, 17, 100, 250, 3], 8, 2, 128, 16, dtype="bfloat16")
+    assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype, version)
+
+
+SIZE_CASES = ([("v4", d, b) for d in (64, 128, 256) for b in (8, 16, 32)]
+              + [(v, d, b) for v in ("v1", "v2", "v3") for d, b in ((64, 8), (128, 16), (256, 32))])
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("version, head_size, block_size", SIZE_CASES)
+def test_head_and_block_sizes(impl, version, head_size, block_size):
+    """Head sizes 64/128/256 and block sizes 8/16/32 (every pair for v4): each compiles its own
+    kernel, with its own vector width and rows per load, and each matches the oracle."""
+    case = GpuCase(31 + head_size + block_size, [1, block_size - 1, block_size + 1, 150, 77],
+                   8, 2, head_size, block_size)
+    assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
+                   f"{version} head_size={head_size} block_size={block_size}")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_output_element_is_written(impl, version):
+    """The output is fully written: into a NaN-filled ``out=`` buffer (returned as is), and into
+    the launcher's own allocation made right after a NaN block went back to torch's cache."""
+    import torch
+
+    case = GpuCase(41, [5, 0, 300, 16], 16, 2, 128, 16)
+    out = case.poisoned_out()
+    got = impl.KERNELS[version](*case.args(), case.scale, out=out)
+    torch.cuda.synchronize()
+    assert got is out, "with out= the launcher must write into it and return it"
+    assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} into out=")
+    poison = case.poisoned_out()
+    del poison  # its NaN-filled block goes back to the caching allocator, to be handed out next
+    got = impl.KERNELS[version](*case.args(), case.scale)
+    torch.cuda.synchronize()
+    assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} allocating its output")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_zero_length_sequences_follow_the_lab3_contract(impl, version):
+    """A sequence with no keys outputs exactly 0 (and, where returned, log-sum-exp -inf); its
+    neighbours are unaffected; a batch of only empty sequences is all zeros."""
+    for case in (GpuCase(51, [0, 5, 0, 40], 8, 2, 128, 16), GpuCase(52, [0, 0], 4, 4, 64, 8)):
+        zeros = [s for s, n in enumerate(case.host_lens) if n == 0]
+        kwargs = {"return_lse": True} if version in ("v3", "v4") else {}
+        got = run(impl, version, case, **kwargs)
+        lse = None
+        if kwargs:
+            got, lse = got
+        assert_exact_zeros(got, zeros, version)
+        assert_matches(got, case.ref, case.host_lens, case.dtype, version)
+        if lse is not None:
+            lse = lse.cpu().numpy()
+            assert np.isneginf(lse[zeros]).all(), f"{version}: lse of empty sequences {lse[zeros]}"
+            full = [s for s in range(len(case.host_lens)) if s not in zeros]
+            np.testing.assert_allclose(lse[full], case.lse[full], rtol=1e-3, atol=1e-3,
+                                       err_msg=f"{version}: log-sum-exp differs from the oracle")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(8, 8), (8, 2), (16, 2), (12, 1), (32, 4)])
+def test_gqa_groups(impl, version, num_q_heads, num_kv_heads):
+    """Query head h reads KV head h // (num_q_heads // num_kv_heads), for groups 1, 4, 8, 12
+    (CTAs of 6 heads) and 16 (two CTAs of 8 heads per KV head)."""
+    case = GpuCase(61 + num_q_heads, [50, 9, 120], num_q_heads, num_kv_heads, 128, 16)
+    assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
+                   f"{version} with {num_q_heads} query heads over {num_kv_heads} KV heads")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("version", ["v3", "v4"])
+def test_split_k_partitions_merge_exactly(impl, version):
+    """Split-K: many partitions (forced plan of 64-token partitions, sharp softmax so partition
+    maxima differ a lot) and the automatic plan for two long sequences merge to the oracle's
+    output and log-sum-exp."""
+    case = GpuCase(71, [600, 130, 64, 0, 65], 8, 2, 128, 16, q_scale=4.0)
+    plan = impl.SplitKVPlan(10, 64)
+    got, lse = run(impl, version, case, plan=plan, max_context_len=640, return_lse=True)
+    assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} with {plan}")
+    full = case.host_lens > 0
+    np.testing.assert_allclose(lse.cpu().numpy()[full], case.lse[full], rtol=1e-3, atol=1e-3,
+                               err_msg=f"{version}: merged log-sum-exp differs from the oracle")
+
+    case = GpuCase(72, [3000, 2500], 8, 1, 128, 16, q_scale=2.0)
+    auto = impl.plan_split_kv(2, 1, int(case.host_lens.max()), 132, block_size=16)
+    assert auto.num_partitions > 1, "two sequences on one KV head must be split"
+    assert_matches(run(impl, version, case, max_context_len=3000), case.ref, case.host_lens,
+                   case.dtype, f"{version} with its own plan")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_runs_on_the_current_torch_stream(impl, version):
+    """Launched inside ``torch.cuda.stream(s)``, the kernel runs on s: it sees the query that s
+    writes after a 20 ms sleep (a kernel on any other stream would read the NaN before it)."""
+    import torch
+
+    case = GpuCase(81, [40, 200], 8, 2, 128, 16)
+    true_query = case.query
+    case.query = torch.full_like(true_query, float("nan"))
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(40_000_000)  # ~20 ms of GPU time on this stream only
+        case.query.copy_(true_query)
+        got = impl.KERNELS[version](*case.args(), case.scale)
+    stream.synchronize()
+    assert_matches(got, case.ref, case.host_lens, case.dtype,
+                   f"{version} on a side stream (NaN: it ran before the stream's copy — launched "
+                   "on the default stream instead of torch.cuda.current_stream()?)")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cupy_arrays_in_cupy_array_out(impl, version):
+    """CuPy inputs work (zero-copy) and the output comes back as a CuPy array."""
+    cupy = pytest.importorskip("cupy")
+    case = GpuCase(91, [17, 64], 8, 2, 128, 16)
+    args = [cupy.from_dlpack(t) for t in case.args()]
+    got = impl.KERNELS[version](*args, case.scale)
+    cupy.cuda.runtime.deviceSynchronize()
+    assert isinstance(got, cupy.ndarray), f"{version} returned {type(got).__name__}"
+    assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} with CuPy arrays")
+
+
+@pytest.fixture(scope="module")
+def big_cache():
+    """A paged cache of 2^31 + 2^23 fp16 elements (4.02 GiB each for K and V); sequence 0 lives
+    at the very top of the pool, sequence 1 at the bottom, sequence 2 alternates."""
+    import torch
+
+    if gpu_skip_reason() is not None:
+        pytest.skip(gpu_skip_reason())
+    free, _ = torch.cuda.mem_get_info()
+    if free < 10 * 2**30:
+        pytest.skip(f"needs ~9 GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    small = GpuCase(101, [100, 37, 64], 4, 1, 128, 16)
+    num_blocks = 2**20 + 4096
+    shape = (num_blocks, 1, 16, 128)
+    key_cache = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")
+    value_cache = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")
+    tables = small.host_tables.copy()
+    top, bottom = num_blocks - 1, 5
+    for s, n in enumerate(small.host_lens):
+        for j in range(-(-int(n) // 16)):
+            to_top = s == 0 or (s == 2 and j % 2 == 0)
+            new = top if to_top else bottom
+            top, bottom = (top - 1, bottom) if to_top else (top, bottom + 1)
+            old = int(small.host_tables[s, j])
+            key_cache[new] = small.key_cache[old]
+            value_cache[new] = small.value_cache[old]
+            tables[s, j] = new
+    small.key_cache, small.value_cache = key_cache, value_cache
+    small.block_tables = torch.from_numpy(tables).to("cuda")
+    assert tables.max() * 16 * 128 > 2**31, "the top blocks must lie past 2^31 elements"
+    yield small
+    del key_cache, value_cache, small
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cache_over_4gib(impl, version, big_cache):
+    """A cache larger than 4 GiB (over 2^31 fp16 elements): blocks at the top of the pool are
+    read correctly. A 32-bit element offset overflows here — and only here."""
+    assert_matches(run(impl, version, big_cache), big_cache.ref, big_cache.host_lens, "float16",
+                   f"{version} on a {2 * big_cache.key_cache.numel() * 2 / 2**30:.1f} GiB cache "
+                   "(NaN or garbage: a block offset computed in 32 bits?)")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_debug_checks_read_device_values(impl, version, monkeypatch):
+    """With debug=True or PAGEDLAB_DEBUG=1, a block id out of range or a context the table
+    cannot hold raises before launch, also for tensors already on the GPU."""
+    case = GpuCase(111, [40, 20], 8, 2, 128, 16)
+    fn = impl.KERNELS[version]
+    bad = case.block_tables.clone()
+    bad[0, 1] = case.key_cache.shape[0]
+    args = list(case.args())
+    args[3] = bad
+    with pytest.raises(IndexError, match=r"block_tables\[0, 1\]"):
+        fn(*args, case.scale, debug=True)
+    monkeypatch.setenv("PAGEDLAB_DEBUG", "1")
+    with pytest.raises(IndexError, match=r"block_tables\[0, 1\]"):
+        fn(*args, case.scale)
+    args = list(case.args())
+    args[4] = case.context_lens.clone()
+    args[4][1] = case.block_tables.shape[1] * 16 + 1
+    with pytest.raises(ValueError, match=r"context_lens\[1\]"):
+        fn(*args, case.scale)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mixed_devices_raise_before_launch(impl, version):
+    """A CUDA query with a CPU cache (or table) is refused, naming the tensor on the wrong
+    device; a wrong dtype on the GPU is still a TypeError."""
+    case = GpuCase(121, [40, 20], 8, 2, 128, 16)
+    fn = impl.KERNELS[version]
+    args = list(case.args())
+    args[1] = args[1].cpu()
+    with pytest.raises(DeviceMismatchError, match="key_cache"):
+        fn(*args, case.scale)
+    args = list(case.args())
+    args[4] = args[4].long()
+    with pytest.raises(TypeError, match="context_lens"):
+        fn(*args, case.scale)
+
+
+RACECHECK_SCRIPT = textwrap.dedent("""
+    import torch
+    from labs.lab04_decode_kernels._cases import GpuCase
+    from reference.loader import load_impl
+
+    impl = load_impl("lab04_decode_kernels")
+    case = GpuCase(131, [70, 33, 0], 8, 2, 64, 16)
+    for name, fn in impl.KERNELS.items():
+        kwargs = {"plan": impl.SplitKVPlan(2, 64), "max_context_len": 128} if name in ("v3", "v4") else {}
+        fn(*case.args(), case.scale, **kwargs)
+        fn(*case.args(), case.scale)
+        torch.cuda.synchronize()
+        print("ran", name, flush=True)
+""")
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if not found and home and Path(home, "bin", "compute-sanitizer").exists():
+            found = str(Path(home, "bin", "compute-sanitizer"))
+    return found
+
+
+@pytest.mark.points(2)
+def test_no_shared_memory_race_under_racecheck(impl):
+    """compute-sanitizer's racecheck reports no shared-memory hazard in any kernel (a missing
+    __syncthreads() rarely shows in the numbers; racecheck sees every unordered access pair)."""
+    sanitizer = _sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not installed (it ships with the CUDA toolkit)")
+    env = dict(os.environ, PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sanitizer, "--tool", "racecheck", "--error-exitcode", "99",
+                           sys.executable, "-c", RACECHECK_SCRIPT], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    summary = re.search(r"RACECHECK SUMMARY: (\d+) hazard", output)
+    assert proc.returncode == 0 and summary and summary.group(1) == "0", (
+        f"racecheck exit code {proc.returncode}, summary "
+        f"{summary.group(0) if summary else 'missing'}; a hazard means two threads touch the same "
+        "shared memory with no barrier between (reusing a buffer without __syncthreads()?). "
+        f"Output tail:\n{output[-3000:]}")
