@@ -1,0 +1,397 @@
+"""``pagedlab bench decode``: Lab 4's decode kernels against the copy ceiling, torch SDPA and
+FlashInfer, in one run on one GPU.
+
+For each workload of ``reference/decode_workloads.py`` it measures, in this order:
+
+* the device copy ceiling (a 2 GiB device-to-device copy; bytes read + written per second);
+* torch SDPA on contiguous K/V (no paging: the reference a paged kernel should approach);
+* gather the pages into contiguous K/V, then SDPA (the "just use torch" baseline);
+* FlashInfer's batch decode, CUDA-core and tensor-core paths, when FlashInfer imports;
+* the naive baseline and every kernel version of the lab (``LAB_IMPL`` picks starter or
+  solution), plus a few v4 tuning variants.
+
+Bytes counted = the K and V rows of every cached token (sum of context_lens x kv heads x head
+size x 2 bytes x 2) + the query + the output. Each method's output is compared with SDPA's.
+Timing: CUDA events around a captured CUDA graph of back-to-back calls (no launch gaps, no
+Python overhead), median of repeats; a method whose capture fails is timed eagerly, and the
+row says so. The table goes to stdout, JSON and a PNG to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from reference.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
+from reference.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, time_cuda
+from reference.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SWEEP_NUM_SEQS,
+                                        TARGET_OF_CEILING, TARGET_VS_FLASHINFER, DecodeWorkload)
+from reference.loader import describe_impl, load_impl
+
+LAB = "lab04_decode_kernels"
+VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4")
+#: v4 compile-time variants measured beside the default (see solution.V4_TUNING).
+V4_VARIANTS = (
+    {"VECS_PER_LANE": 8},
+    {"NUM_WARPS": 8},
+    {"MAX_HEADS_PER_CTA": 4},
+    {"MAX_HEADS_PER_CTA": 2, "VECS_PER_LANE": 8},
+)
+ERR_LIMIT = 2e-2  # max |out - SDPA| accepted for fp16 (both round to fp16)
+
+
+def build_batch(w: DecodeWorkload, seed: int = 0) -> dict:
+    """Random fp16 paged K/V for a workload on the GPU: shuffled physical blocks."""
+    import torch
+
+    lens = w.context_lens()
+    per_seq = -(-lens.astype(np.int64) // w.block_size)
+    num_blocks = int(per_seq.sum()) + 8
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (num_blocks, w.num_kv_heads, w.block_size, w.head_size)
+    key_cache = torch.randn(shape, dtype=torch.float16, device="cuda", generator=gen)
+    value_cache = torch.randn(shape, dtype=torch.float16, device="cuda", generator=gen)
+    query = torch.randn((w.num_seqs, w.num_q_heads, w.head_size), dtype=torch.float16,
+                        device="cuda", generator=gen)
+    perm = np.random.default_rng(seed).permutation(num_blocks).astype(np.int32)
+    table = np.full((w.num_seqs, int(per_seq.max())), -1, dtype=np.int32)
+    start = 0
+    for s, n in enumerate(per_seq):
+        table[s, :n] = perm[start:start + n]
+        start += n
+    return dict(query=query, key_cache=key_cache, value_cache=value_cache,
+                block_tables=torch.from_numpy(table).cuda(), context_lens=torch.from_numpy(lens).cuda(),
+                lens=lens, host_table=table, scale=1.0 / math.sqrt(w.head_size))
+
+
+def gather_contiguous(cache, block_tables):
+    """[num_blocks, Hkv, bs, D] pages -> [num_seqs, Hkv, max_blocks * bs, D] (padding: block 0)."""
+    pages = cache[block_tables.clamp(min=0).long()]  # [S, nb, Hkv, bs, D]
+    s, nb, h, bs, d = pages.shape
+    return pages.permute(0, 2, 1, 3, 4).reshape(s, h, nb * bs, d)
+
+
+def sdpa_fn(batch, w: DecodeWorkload, gather: bool):
+    """SDPA on contiguous K/V (gathered once), or gathering inside every call."""
+    import torch
+    import torch.nn.functional as F
+
+    lens = batch["lens"]
+    max_len = batch["host_table"].shape[1] * w.block_size
+    mask = None
+    if (lens != max_len).any():
+        pos = torch.arange(max_len, device="cuda")
+        mask = (pos[None, :] < batch["context_lens"][:, None].long())[:, None, None, :]
+    q4 = batch["query"].unsqueeze(2)  # [S, Hq, 1, D]
+    gqa = w.num_q_heads != w.num_kv_heads
+
+    def attend(k, v):
+        return F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=batch["scale"],
+                                              enable_gqa=gqa).squeeze(2)
+
+    if gather:
+        return lambda: attend(gather_contiguous(batch["key_cache"], batch["block_tables"]),
+                              gather_contiguous(batch["value_cache"], batch["block_tables"]))
+    k = gather_contiguous(batch["key_cache"], batch["block_tables"])
+    v = gather_contiguous(batch["value_cache"], batch["block_tables"])
+    return lambda: attend(k, v)
+
+
+def flashinfer_fns(fi, batch, w: DecodeWorkload) -> dict:
+    """FlashInfer's paged decode (HND layout = ours), CUDA-core and tensor-core paths."""
+    import torch
+
+    lens = batch["lens"].astype(np.int64)
+    pages = -(-lens // w.block_size)
+    indptr = torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32, device="cuda")
+    indices = torch.tensor(np.concatenate([batch["host_table"][s, :n] for s, n in enumerate(pages)]),
+                           dtype=torch.int32, device="cuda")
+    last = torch.tensor(lens - (pages - 1) * w.block_size, dtype=torch.int32, device="cuda")
+    out = {}
+    for tc in (False, True):
+        name = "flashinfer-tc" if tc else "flashinfer"
+        try:
+            ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+            wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=tc)
+            wrapper.plan(indptr, indices, last, w.num_q_heads, w.num_kv_heads, w.head_size,
+                         w.block_size, pos_encoding_mode="NONE", q_data_type=torch.float16,
+                         kv_data_type=torch.float16, sm_scale=batch["scale"])
+            kv = (batch["key_cache"], batch["value_cache"])
+            out[name] = (lambda wr=wrapper, kv=kv: wr.run(batch["query"], kv), None)
+        except Exception as exc:  # noqa: BLE001 — recorded in the results instead
+            out[name] = (None, f"{type(exc).__name__}: {exc}"[:300])
+    return out
+
+
+def measure(fn, *, graph: bool = True):
+    """Returns (µs per call, how it was timed, the output of one call)."""
+    import torch
+
+    out = fn()
+    torch.cuda.synchronize()
+    single = time_cuda(fn, warmup=1, iters=1, repeats=1)
+    if single > 20_000:  # a slow baseline: a few eager calls are plenty
+        return time_cuda(fn, warmup=0, iters=1, repeats=3), "eager", out
+    if graph:
+        try:
+            n = 10 if single < 1000 else 3
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                for _ in range(n):
+                    fn()
+            us = time_cuda(g.replay, warmup=3, iters=max(2, 200 // n), repeats=7) / n
+            del g
+            return us, "graph", out
+        except Exception as exc:  # noqa: BLE001 — fall back to eager timing, say so
+            torch.cuda.synchronize()
+            how = f"eager (graph capture failed: {type(exc).__name__})"
+            return time_cuda(fn, warmup=3, iters=20, repeats=7), how, out
+    return time_cuda(fn, warmup=3, iters=20, repeats=7), "eager", out
+
+
+def max_err(out, ref) -> float:
+    import torch
+
+    if isinstance(out, tuple):
+        out = out[0]
+    out = torch.as_tensor(out) if not hasattr(out, "float") else out
+    diff = (out.float() - ref.float()).abs()
+    return float("nan") if not torch.isfinite(out.float()).all() else float(diff.max())
+
+
+def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) -> list[dict]:
+    """Every method on one workload; returns one row per method."""
+    import torch
+
+    batch = build_batch(w)
+    nbytes = w.kv_bytes() + 2 * batch["query"].numel() * 2
+    args = (batch["query"], batch["key_cache"], batch["value_cache"], batch["block_tables"],
+            batch["context_lens"])
+    max_len = int(batch["lens"].max())
+    methods: list[tuple[str, object, str | None]] = [
+        ("sdpa (contiguous)", sdpa_fn(batch, w, gather=False), None),
+        ("gather + sdpa", sdpa_fn(batch, w, gather=True), None),
+    ]
+    if fi is not None:
+        methods += [(name, fn, why) for name, (fn, why) in flashinfer_fns(fi, batch, w).items()]
+    for version in VERSIONS:
+        fn = impl.KERNELS[version]
+        kwargs = {"max_context_len": max_len} if version in ("v3", "v4") else {}
+        methods.append((version, lambda fn=fn, kw=kwargs: fn(*args, batch["scale"], **kw), None))
+    if variants and hasattr(impl, "V4_TUNING"):
+        for tuning in V4_VARIANTS:
+            group = w.num_q_heads // w.num_kv_heads
+            if "MAX_HEADS_PER_CTA" in tuning and impl.heads_per_cta(group) <= tuning["MAX_HEADS_PER_CTA"]:
+                continue  # the variant would change nothing here
+
+            def run_variant(tuning=tuning):
+                impl.V4_TUNING.clear()
+                impl.V4_TUNING.update(tuning)
+                try:
+                    return impl.paged_attention_v4(*args, batch["scale"], max_context_len=max_len)
+                finally:
+                    impl.V4_TUNING.clear()
+
+            label = "v4 " + ",".join(f"{k.lower()}={v}" for k, v in tuning.items())
+            methods.append((label, run_variant, None))
+
+    rows, ref = [], None
+    for name, fn, why in methods:
+        row = {"workload": w.name, "method": name, "bytes": nbytes}
+        if fn is None:
+            row["note"] = why
+            rows.append(row)
+            continue
+        try:
+            us, how, out = measure(fn)
+            if ref is None:
+                ref = out.clone()
+            row.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9, timing=how, max_err=max_err(out, ref))
+            row["pct_ceiling"] = 100 * row["gbps"] / ceiling
+        except Exception as exc:  # noqa: BLE001 — a broken method is a row, not a crash
+            torch.cuda.synchronize()
+            row["note"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+        print(f"  {w.name:3s} {name:28s} "
+              + (f"{row['us']:10.1f} us {row['pct_ceiling']:6.1f} %  err {row['max_err']:.1e}  ({row['timing']})"
+                 if "us" in row else row.get("note", "")), flush=True)
+    try:
+        plan = impl.plan_split_kv(w.num_seqs, w.num_kv_heads, max_len,
+                                  torch.cuda.get_device_properties(0).multi_processor_count,
+                                  block_size=w.block_size)
+        for row in rows:
+            if row["method"] in ("v3", "v4"):
+                row["plan"] = f"{plan.num_partitions} x {plan.partition_size}"
+    except NotImplementedError:
+        pass  # a starter without its plan yet
+    _add_ratios(rows)
+    del batch, args, methods, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    timed = {r["method"]: r["us"] for r in rows if "us" in r}
+    sdpa = timed.get("sdpa (contiguous)")
+    fi = [timed[m] for m in ("flashinfer", "flashinfer-tc") if m in timed]
+    best_fi = min(fi) if fi else None
+    for r in rows:
+        if "us" in r:
+            r["vs_sdpa"] = sdpa / r["us"] if sdpa else None
+            r["vs_flashinfer"] = best_fi / r["us"] if best_fi else None
+        if r["method"] in ("flashinfer", "flashinfer-tc") and best_fi is not None and "us" in r:
+            r["flashinfer_best"] = r["us"] == best_fi
+        if "max_err" in r and not (r["max_err"] <= ERR_LIMIT):
+            r["note"] = (r.get("note", "") + f" WRONG: max error {r['max_err']:.2e} vs SDPA").strip()
+
+
+def run_sweep(impl, fi) -> list[dict]:
+    """Bandwidth vs context length: 16 sequences, GQA 32q/8kv, for the notebook's plot."""
+    import torch
+
+    out = []
+    for ctx in SWEEP_CONTEXT_LENS:
+        w = DecodeWorkload(f"sweep{ctx}", "sweep", SWEEP_NUM_SEQS, 32, 8, ctx)
+        batch = build_batch(w, seed=ctx)
+        args = (batch["query"], batch["key_cache"], batch["value_cache"], batch["block_tables"],
+                batch["context_lens"])
+        nbytes = w.kv_bytes() + 2 * batch["query"].numel() * 2
+        fns = {"sdpa (contiguous)": sdpa_fn(batch, w, gather=False)}
+        if fi is not None:
+            fns.update({k: f for k, (f, _) in flashinfer_fns(fi, batch, w).items() if f is not None})
+        for version in ("v1", "v2", "v3", "v4"):
+            kw = {"max_context_len": ctx} if version in ("v3", "v4") else {}
+            fns[version] = lambda fn=impl.KERNELS[version], kw=kw: fn(*args, batch["scale"], **kw)
+        for name, fn in fns.items():
+            try:
+                us, how, _ = measure(fn)
+                out.append({"context_len": ctx, "method": name, "us": us,
+                            "gbps": nbytes / (us * 1e-6) / 1e9, "timing": how})
+            except Exception as exc:  # noqa: BLE001
+                torch.cuda.synchronize()
+                out.append({"context_len": ctx, "method": name, "note": str(exc)[:200]})
+        del batch, args, fns
+        torch.cuda.empty_cache()
+        print(f"  sweep context {ctx}: done", flush=True)
+    return out
+
+
+def target_report(rows: list[dict], ceiling: float) -> list[dict]:
+    """v4 against the issue's targets, per workload."""
+    report = []
+    for r in rows:
+        if r["method"] != "v4" or "us" not in r:
+            continue
+        entry = {"workload": r["workload"], "pct_ceiling": r["pct_ceiling"],
+                 "vs_flashinfer": r.get("vs_flashinfer")}
+        need = TARGET_OF_CEILING.get(r["workload"])
+        entry["ceiling_target"] = need
+        entry["ceiling_ok"] = None if need is None else r["pct_ceiling"] >= 100 * need
+        entry["flashinfer_ok"] = (None if r.get("vs_flashinfer") is None
+                                  else r["vs_flashinfer"] >= TARGET_VS_FLASHINFER)
+        report.append(entry)
+    return report
+
+
+def plot(payload: dict, path) -> None:
+    plt = try_pyplot()
+    if plt is None:
+        return
+    rows = [r for r in payload["rows"] if "pct_ceiling" in r and not r["method"].startswith("v4 ")]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        ys = [next((r["pct_ceiling"] for r in rows if r["workload"] == wl and r["method"] == m), 0)
+              for wl in workloads]
+        ax1.bar(np.arange(len(workloads)) + i * width, ys, width, label=m)
+    ax1.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads)
+    ax1.set_ylabel("% of device copy ceiling")
+    ax1.set_ylim(0, 110)
+    ax1.axhline(100, color="gray", lw=0.8, ls="--")
+    ax1.legend(fontsize=7, ncol=2)
+    m = payload["machine"]
+    ax1.set_title(f"decode, fp16, head 128, block 16 — {m.get('device')} {m.get('date')}", fontsize=9)
+    sweep = [r for r in payload.get("sweep", []) if "gbps" in r]
+    for name in dict.fromkeys(r["method"] for r in sweep):
+        pts = [(r["context_len"], r["gbps"]) for r in sweep if r["method"] == name]
+        ax2.plot(*zip(*pts), marker="o", label=name)
+    ax2.axhline(payload["copy_ceiling_gbps"], color="gray", lw=0.8, ls="--", label="copy ceiling")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("context length (16 seqs, 32q/8kv)")
+    ax2.set_ylabel("GB/s")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+COLUMNS = [("workload", "wl", ""), ("method", "method", ""), ("us", "µs", ".1f"),
+           ("gbps", "GB/s", ".0f"), ("pct_ceiling", "% copy", ".1f"), ("vs_sdpa", "× SDPA", ".2f"),
+           ("vs_flashinfer", "× FI best", ".2f"), ("max_err", "max err", ".1e"),
+           ("plan", "split", ""), ("note", "note", "")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedlab bench decode", description=__doc__)
+    parser.add_argument("--workloads", nargs="+", default=[w.name for w in DECODE_WORKLOADS])
+    parser.add_argument("--no-sweep", action="store_true", help="skip the context-length sweep")
+    parser.add_argument("--no-variants", action="store_true", help="skip v4's tuning variants")
+    parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for decode.json / .png")
+    args = parser.parse_args(argv)
+    from reference.gpu import gpu_skip_reason
+
+    if gpu_skip_reason():
+        print(f"pagedlab bench decode needs a GPU: {gpu_skip_reason()}")
+        return 2
+    impl = load_impl(LAB)
+    fi, fi_reason = (None, "disabled (--no-flashinfer)") if args.no_flashinfer else flashinfer_or_reason()
+    t0 = time.time()
+    ceiling = copy_ceiling_gbps()
+    print(f"Lab 4 decode ({describe_impl()}); copy ceiling {ceiling:.0f} GB/s; FlashInfer: "
+          f"{getattr(fi, '__version__', 'yes') if fi else fi_reason}", flush=True)
+    rows: list[dict] = []
+    for w in DECODE_WORKLOADS:
+        if w.name in args.workloads:
+            rows += run_workload(w, impl, fi, ceiling, not args.no_variants)
+            # NOTE: written after every workload, so a run cut short still leaves its figures.
+            write_results("decode", {"implementation": describe_impl(), "copy_ceiling_gbps": ceiling,
+                                     "rows": rows, "partial": True}, args.out)
+    sweep = [] if args.no_sweep else run_sweep(impl, fi)
+    payload = {
+        "implementation": describe_impl(),
+        "copy_ceiling_gbps": ceiling,
+        "flashinfer": getattr(fi, "__version__", "unknown") if fi else None,
+        "flashinfer_reason": None if fi else fi_reason,
+        "workloads": [{"name": w.name, "description": w.description, "num_seqs": w.num_seqs,
+                       "num_q_heads": w.num_q_heads, "num_kv_heads": w.num_kv_heads,
+                       "context_len": w.context_len, "kv_bytes": w.kv_bytes()}
+                      for w in DECODE_WORKLOADS if w.name in args.workloads],
+        "rows": rows,
+        "sweep": sweep,
+        "targets": target_report(rows, ceiling),
+        "seconds": time.time() - t0,
+    }
+    path = write_results("decode", payload, args.out)
+    payload["machine"] = machine_info()
+    plot(payload, path.with_suffix(".png"))
+    print()
+    print(format_table(rows, COLUMNS))
+    print()
+    for t in payload["targets"]:
+        print(f"v4 on {t['workload']}: {t['pct_ceiling']:.1f} % of copy ceiling"
+              + (f" (target {100 * t['ceiling_target']:.0f} %: {'ok' if t['ceiling_ok'] else 'BELOW'})"
+                 if t["ceiling_target"] else "")
+              + (f", {t['vs_flashinfer']:.2f}x FlashInfer best (target {TARGET_VS_FLASHINFER}: "
+                 f"{'ok' if t['flashinfer_ok'] else 'BELOW'})" if t["vs_flashinfer"] else ""))
+    print(f"\nwrote {path} and {path.with_suffix('.png')} ({payload['seconds']:.0f} s)")
+    return 0
