@@ -134,18 +134,23 @@ def leaks(out: Path, allowed: set[str] = frozenset()) -> list[str]:
     for bad in ("solutions", "hidden", "reference/mutants", "tests", ".ci"):
         if (out / bad).exists() and not any(a.startswith(bad + "/") for a in allowed):
             problems.append(f"release contains {bad}/")
-    solution_hashes = {}
+    # A solution file's content anywhere in the release is a leak — except a file the lab hands
+    # out under the same name (a shared header, a provided example kernel): that one is meant.
+    solution_files: dict[str, list[str]] = {}
     if SOLUTIONS_DIR.is_dir():
         for path in SOLUTIONS_DIR.rglob("*"):
             if path.is_file() and path.stat().st_size > 0 and path.name != "__init__.py" \
                     and "__pycache__" not in path.parts:
-                solution_hashes[sha256_file(path)] = path.relative_to(REPO_ROOT)
+                rel = path.relative_to(SOLUTIONS_DIR).as_posix()
+                solution_files.setdefault(sha256_file(path), []).append(rel)
     for rel in walk_files(out):
         if rel in allowed:
             continue
         path = out / rel
-        if path.stat().st_size and sha256_file(path) in solution_hashes:
-            problems.append(f"release file {rel} is a copy of {solution_hashes[sha256_file(path)]}")
+        copies = solution_files.get(sha256_file(path), []) if path.stat().st_size else []
+        meant = rel.startswith("labs/") and rel.removeprefix("labs/") in copies
+        if copies and not meant:
+            problems.append(f"release file {rel} is a copy of solutions/{copies[0]}")
         if rel.endswith(".ipynb") and has_outputs(path):
             problems.append(f"notebook {rel} still has outputs (solution outputs would leak)")
     return problems

@@ -195,3 +195,20 @@ def test_release_installs_and_grades_in_a_fresh_venv(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fresh virtual environment" in proc.stdout
     assert "verified: every test collected, none crashed, score 0" in proc.stdout
+
+
+def test_a_solution_shipped_as_starter_is_a_leak(tmp_path):
+    """A starter identical to its solution is refused as a leak; a file a lab hands out under
+    the same name in both folders (a shared header) is not."""
+    from grading_helpers import make_workbook
+
+    code = 'def f():\n    """Returns 1."""\n    return 1\n'
+    test = "import pytest\n\n@pytest.mark.points(1)\ndef test_f(impl):\n    assert impl.f() == 1\n"
+    root = make_workbook(tmp_path / "wb",
+                         {"lab96_x": {"starter.py": code, "test_lab96_x.py": test,
+                                      "shared.cuh": "#pragma once\n"}},
+                         solutions={"lab96_x": {"solution.py": code, "shared.cuh": "#pragma once\n"}})
+    proc = pagedlab(root, "release", str(tmp_path / "rel"), "--no-verify")
+    assert proc.returncode == 1
+    assert "labs/lab96_x/starter.py is a copy of solutions/lab96_x/solution.py" in proc.stdout
+    assert "shared.cuh" not in proc.stdout
