@@ -40,3 +40,11 @@ class TooManySequencesError(RuntimeError):
 
 class DeviceMismatchError(ValueError):
     """A tensor lives on a different device than the object it is handed to."""
+
+
+# --- Lab 5: the prefill kernels -------------------------------------------------------------
+
+
+class UnsupportedConfigError(ValueError):
+    """The kernel has no code for this size or dtype (head_size, block_size, dtype): a limit of
+    the kernel, not a malformed input."""
