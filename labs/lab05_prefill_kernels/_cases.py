@@ -1,0 +1,136 @@
+"""Test helpers for Lab 5: seeded prefill batches as torch tensors, the float64 oracle, and a
+comparison whose failure message points at the first bad sequence, head and token.
+
+Tolerance (relative error per (sequence, query head), ``‖out − ref‖ / ‖ref‖`` over the
+sequence's tokens and the head's dims, against the float64 oracle run on the *same* rounded
+inputs): float32 1e-4, float16 5e-3, bfloat16 1.5e-2. The kernels accumulate in fp32; what
+remains is rounding P to 16 bits for the tensor-core PV product and rounding the output
+(bf16 keeps 8 significant bits, ≈ 4e-3 relative). NaN never passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference.inputs import make_prefill_case
+from reference.oracle import paged_prefill_ref
+
+KERNELS = ("naive", "tiled", "tc")
+TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 1.5e-2}
+
+
+def launcher(impl, kernel: str):
+    """Returns ``impl.paged_prefill_<kernel>``."""
+    return getattr(impl, f"paged_prefill_{kernel}")
+
+
+def make_batch(seed: int, query_lens, history_lens, num_q_heads: int, num_kv_heads: int,
+               head_size: int, block_size: int, *, dtype: str = "float16", alibi: bool = False,
+               device: str = "cuda", **kv_kwargs) -> dict:
+    """Builds a seeded batch (poisoned padding) as torch tensors on ``device``.
+
+    Returns:
+        Keyword arguments for a launcher: query, key_cache, value_cache, block_tables,
+        cu_seqlens_q, context_lens, scale, alibi_slopes.
+    """
+    import torch
+
+    np_dtype = np.float16 if dtype == "float16" else np.float32  # bf16 is rounded from fp32
+    case = make_prefill_case(seed, query_lens, history_lens, num_q_heads, num_kv_heads,
+                             head_size, block_size, dtype=np_dtype, alibi=alibi, **kv_kwargs)
+    tdtype = getattr(torch, dtype)
+
+    def f(x):
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device).to(tdtype)
+
+    def i32(x):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).to(device)
+
+    return {
+        "query": f(case.query),
+        "key_cache": f(case.kv.key_cache),
+        "value_cache": f(case.kv.value_cache),
+        "block_tables": i32(case.kv.block_tables),
+        "cu_seqlens_q": i32(case.cu_seqlens_q),
+        "context_lens": i32(case.kv.context_lens),
+        "scale": case.scale,
+        "alibi_slopes": None if case.alibi_slopes is None
+        else torch.from_numpy(case.alibi_slopes).to(device),
+    }
+
+
+def _f64(x) -> np.ndarray:
+    import torch
+
+    x = torch.as_tensor(x) if not hasattr(x, "detach") else x
+    return x.detach().to("cpu", torch.float64).numpy()
+
+
+def oracle(batch: dict, *, causal: bool = True) -> np.ndarray:
+    """The float64 reference output for a batch, from the same (rounded) values the kernel reads."""
+    out, _ = paged_prefill_ref(
+        _f64(batch["query"]), _f64(batch["key_cache"]), _f64(batch["value_cache"]),
+        batch["block_tables"].cpu().numpy(), batch["cu_seqlens_q"].cpu().numpy(),
+        batch["context_lens"].cpu().numpy(), batch["scale"], causal=causal,
+        alibi_slopes=None if batch["alibi_slopes"] is None else batch["alibi_slopes"].cpu().numpy())
+    return out
+
+
+def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = "") -> None:
+    """Asserts the kernel output matches the oracle; the message names the first bad spot.
+
+    Args:
+        out: the kernel's output (torch or CuPy), [num_tokens, num_q_heads, head_size].
+        ref: the oracle's, float64.
+        batch: the batch (for sequence boundaries and history lengths).
+        dtype: element type name, for the tolerance.
+        what: a short description of the case for the message.
+    """
+    if not hasattr(out, "detach"):  # CuPy
+        out = out.get()
+    got = _f64(out) if hasattr(out, "detach") else np.asarray(out, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: output shape {got.shape}, expected {ref.shape}"
+    cu = batch["cu_seqlens_q"].cpu().numpy()
+    ctx = batch["context_lens"].cpu().numpy()
+    bad = ~np.isfinite(got)
+    if bad.any():
+        t, h, d = np.argwhere(bad)[0]
+        s = int(np.searchsorted(cu, t, side="right") - 1)
+        hist = int(ctx[s] - (cu[s + 1] - cu[s]))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} non-finite outputs; first at packed token {t} (sequence "
+            f"{s}, query {t - cu[s]} of {cu[s + 1] - cu[s]}, history {hist}), head {h}, dim {d}. "
+            f"Likely cause: a key/value row past the context (the cache's padding is NaN) or a "
+            f"block id read wrongly was used, or this output was never written (outputs start NaN).")
+    tol = TOLERANCE[dtype]
+    worst = (0.0, None)
+    for s in range(len(cu) - 1):
+        a, b = int(cu[s]), int(cu[s + 1])
+        if a == b:
+            continue
+        for h in range(ref.shape[1]):
+            r = ref[a:b, h]
+            err = np.linalg.norm(got[a:b, h] - r) / max(np.linalg.norm(r), 1e-30)
+            if err > worst[0]:
+                worst = (err, (s, h, a, b))
+    err, where = worst
+    if err > tol:
+        s, h, a, b = where
+        row_err = np.abs(got[a:b, h] - ref[a:b, h]).max(axis=1)
+        i = int(np.argmax(row_err > tol * np.abs(ref[a:b, h]).max()))
+        hist = int(ctx[s] - (b - a))
+        raise AssertionError(
+            f"{what}: relative error {err:.3g} > {tol:g} ({dtype}) for sequence {s} (query_len "
+            f"{b - a}, history {hist}), query head {h}; first bad query {i} (position "
+            f"{hist + i}), max abs error there {row_err[i]:.3g}. Likely causes: the causal limit "
+            f"(history + i), the GQA head mapping, ALiBi's sign, a tile edge, or the online-"
+            f"softmax rescale.")
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leaves a NaN-filled block of ``nbytes`` in torch's caching allocator, so the next
+    allocation of that size starts as NaN (an output element the kernel skips stays NaN)."""
+    import torch
+
+    junk = torch.full((max(nbytes, 2) // 2,), float("nan"), dtype=torch.float16, device="cuda")
+    del junk

@@ -1,0 +1,266 @@
+"""Lab 5, part C (GPU): the three prefill kernels against the float64 oracle.
+
+Every batch is seeded, its cache poisoned (unused blocks and the tail of each partial last
+block are NaN) and its physical blocks shuffled; outputs start as NaN. Tolerances are in
+``_cases.py``. Without a GPU these tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
+                                               oracle, poison_allocator)
+from reference.gpu import gpu_available, gpu_skip_reason
+from reference.paths import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason() or "")
+
+# (id, dtype, query_lens, history_lens, num_q_heads, num_kv_heads, head_size, block_size, alibi, causal)
+CASES = [
+    ("f16-d128-bs16-gqa4", "float16", [1, 37, 300, 64, 129], [0, 0, 0, 0, 0], 8, 2, 128, 16, False, True),
+    ("f16-d64-bs32-mha-history", "float16", [65, 1, 200, 17], [130, 257, 33, 0], 4, 4, 64, 32, False, True),
+    ("bf16-d128-bs32-gqa8-history-alibi", "bfloat16", [113, 3, 250], [61, 400, 0], 8, 1, 128, 32, True, True),
+    ("bf16-d64-bs16-gqa4-alibi", "bfloat16", [31, 290, 2, 77], [500, 9, 0, 63], 8, 2, 64, 16, True, True),
+    ("f16-d128-bs16-gqa4-noncausal", "float16", [40, 131, 5], [20, 0, 77], 8, 2, 128, 16, False, False),
+    ("f32-d128-bs16-gqa4-history", "float32", [70, 9, 130], [33, 200, 0], 8, 2, 128, 16, True, True),
+    ("f32-d64-bs32-mha", "float32", [100, 1], [0, 64], 4, 4, 64, 32, False, True),
+]
+
+
+def _params():
+    out = []
+    for kernel in KERNELS:
+        for case in CASES:
+            if kernel == "tc" and case[1] == "float32":
+                continue  # float32 is refused by the tensor-core kernel (a CPU test checks it)
+            out.append(pytest.param(kernel, case, id=f"{kernel}-{case[0]}"))
+    return out
+
+
+def run_case(impl, kernel, seed, q_lens, hist, hq, hkv, d, bs, *, dtype="float16", alibi=False,
+             causal=True, what=""):
+    batch = make_batch(seed, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi)
+    ref = oracle(batch, causal=causal)
+    poison_allocator(batch["query"].numel() * batch["query"].element_size())
+    out = launcher(impl, kernel)(**batch, causal=causal)
+    check_close(out, ref, batch, dtype=dtype, what=f"{kernel} kernel, {what}")
+    return batch, out
+
+
+@pytest.mark.points(12)
+@pytest.mark.parametrize("kernel, case", _params())
+def test_matches_oracle_on_random_varlen_batches(impl, kernel, case):
+    """Varlen batches mixing fp16/bf16/fp32, head sizes 64 and 128, block sizes 16 and 32, GQA
+    groups 1/4/8, ALiBi on and off, causal and not, with and without history, query lengths
+    1..300 (rarely a multiple of the tile): every output matches the float64 oracle."""
+    name, dtype, q_lens, hist, hq, hkv, d, bs, alibi, causal = case
+    run_case(impl, kernel, 11, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi,
+             causal=causal, what=name)
+
+
+@pytest.mark.points(6)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_chunked_prefill_with_history(impl, kernel, block_size):
+    """Chunked prefill: each sequence's new tokens (1..300) sit after 0..700 tokens of history
+    already in the cache, so query i is at position history + i and sees exactly the keys
+    0 .. history + i — not one more, not one fewer."""
+    rng = np.random.default_rng(23 + block_size)
+    q_lens = rng.integers(1, 301, size=6).tolist()
+    hist = rng.integers(0, 701, size=6).tolist()
+    hist[0] = 0
+    run_case(impl, kernel, 29, q_lens, hist, 8, 2, 128, block_size,
+             what=f"query_lens {q_lens} over history {hist}")
+
+
+@pytest.mark.points(4)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_gqa_group_reads_its_kv_head(impl, kernel, group):
+    """With num_q_heads = group * num_kv_heads, query head h reads KV head h // group: every
+    head of every group matches the oracle (a wrong mapping shows up as a bad head)."""
+    num_kv_heads = 2
+    run_case(impl, kernel, 31 + group, [45, 160, 3], [70, 0, 33], group * num_kv_heads,
+             num_kv_heads, 64, 16, what=f"group {group}")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_alibi_bias_matches_oracle(impl, kernel):
+    """ALiBi adds slope[h] * (key_pos - query_pos), never positive under the causal mask: far
+    keys are penalised, per query head, with history counted in the distance."""
+    run_case(impl, kernel, 37, [96, 200, 1], [40, 0, 300], 8, 2, 128, 16, alibi=True,
+             what="ALiBi")
+
+
+@pytest.mark.points(4)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_partial_tiles_and_poisoned_padding(impl, kernel):
+    """Query and context lengths that end mid-tile and mid-block (1, 63, 65, 127, 129 ...): the
+    kernel must neither read the NaN-poisoned tail of a partial last block nor let rows past a
+    sequence's end touch another sequence's output."""
+    q_lens = [1, 63, 65, 127, 129, 2, 191]
+    hist = [0, 1, 62, 3, 0, 125, 17]
+    run_case(impl, kernel, 41, q_lens, hist, 8, 2, 128, 16, what="partial tiles")
+    run_case(impl, kernel, 43, q_lens, hist, 8, 8, 64, 32, what="partial tiles, MHA")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_output_element_is_written(impl, kernel):
+    """Into a caller's NaN-filled out= buffer, every element is overwritten (and the buffer
+    itself is returned); no output element is left to chance."""
+    import torch
+
+    batch = make_batch(47, [33, 1, 150], [0, 90, 7], 8, 2, 128, 32)
+    out = torch.full_like(batch["query"], float("nan"))
+    got = launcher(impl, kernel)(**batch, out=out)
+    assert got is out, "with out= the launcher must write into it and return it"
+    check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, out=")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_output_is_deterministic_across_runs(impl, kernel):
+    """Five runs on a large batch give bit-identical outputs that match the oracle. Without
+    split-K or atomics a correct kernel is deterministic; a changing result means a race
+    (a missing barrier between writing a shared-memory tile and reading or overwriting it)."""
+    import torch
+
+    batch = make_batch(53, [300] * 8, [400] * 8, 8, 2, 128, 16)
+    ref = oracle(batch)
+    fn = launcher(impl, kernel)
+    outs = []
+    for run in range(5):
+        poison_allocator(batch["query"].numel() * 2)
+        outs.append(fn(**batch))
+    torch.cuda.synchronize()
+    for run, out in enumerate(outs):
+        check_close(out, ref, batch, dtype="float16", what=f"{kernel} kernel, run {run}")
+        diff = (out != outs[0]).sum().item()
+        assert diff == 0, (f"run {run} differs from run 0 in {diff} elements: the kernel races "
+                           f"(likely a missing __syncthreads() around a shared-memory tile)")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cupy_inputs_give_cupy_output(impl, kernel):
+    """CuPy arrays work as well as torch tensors, and the output comes back as a CuPy array."""
+    import cupy
+
+    batch = make_batch(59, [20, 70], [5, 0], 8, 2, 64, 16)
+    as_cupy = {k: (cupy.from_dlpack(v) if hasattr(v, "data_ptr") else v) for k, v in batch.items()}
+    out = launcher(impl, kernel)(**as_cupy)
+    assert isinstance(out, cupy.ndarray), f"CuPy inputs gave a {type(out).__name__}"
+    check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, CuPy")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_launches_on_the_current_torch_stream(impl, kernel):
+    """The kernel runs on torch's *current* stream: on a side stream that is still busy
+    writing the query, it waits its turn instead of reading the query before it is ready."""
+    import torch
+
+    batch = make_batch(61, [50, 7, 120], [0, 30, 9], 8, 2, 128, 16)
+    ref = oracle(batch)
+    plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
+                                num_q_heads=8, num_kv_heads=2)
+    fn = launcher(impl, kernel)
+    fn(**batch, plan=plan)  # compile, upload the plan: nothing left that would sync the host
+    real_query = batch["query"]
+    query = torch.full_like(real_query, float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy for tens of milliseconds
+        query.copy_(real_query)
+        out = fn(**{**batch, "query": query}, plan=plan)
+    torch.cuda.synchronize()
+    check_close(out, ref, batch, dtype="float16",
+                what=f"{kernel} kernel on a side stream (NaN here: it ran on another stream)")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_empty_sequences_and_empty_batch(impl, kernel):
+    """Sequences with no new tokens contribute nothing and disturb no neighbour; a batch with
+    no query token at all returns an empty output without launching anything."""
+    import torch
+
+    run_case(impl, kernel, 67, [0, 12, 0, 0, 40, 0], [5, 3, 0, 17, 0, 9], 8, 2, 64, 16,
+             what="empty sequences")
+    batch = make_batch(71, [0, 0], [4, 0], 8, 2, 64, 16)
+    out = launcher(impl, kernel)(**batch)
+    assert tuple(out.shape) == (0, 8, 64)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_debug_mode_checks_block_ids_on_the_gpu(impl, kernel):
+    """With debug=True the launcher reads the GPU block table back and refuses an id outside
+    the cache with IndexError naming block_tables, instead of letting the kernel read it."""
+    batch = make_batch(73, [10, 20], [30, 0], 8, 2, 64, 16)
+    batch["block_tables"][0, 1] = 10_000
+    with pytest.raises(IndexError, match="block_tables"):
+        launcher(impl, kernel)(**batch, debug=True)
+
+
+def compute_sanitizer() -> str | None:
+    """Returns the compute-sanitizer executable (CUDA toolkit), or None."""
+    for candidate in (shutil.which("compute-sanitizer"),
+                      *(Path(h) / "bin" / "compute-sanitizer" for h in
+                        (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if h)):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    return None
+
+
+RACECHECK_SCRIPT = """
+import torch
+from labs.lab05_prefill_kernels._cases import launcher, make_batch
+from reference.loader import load_impl
+impl = load_impl("lab05_prefill_kernels")
+batch = make_batch(79, [70, 5], [60, 100], 2, 1, 64, 16)
+launcher(impl, "{kernel}")(**batch)
+torch.cuda.synchronize()
+print("KERNEL_DONE")
+"""
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", ["naive", "tiled"])
+def test_shared_memory_has_no_races_under_racecheck(impl, kernel):
+    """Under compute-sanitizer's racecheck, a small batch (several KV tiles, partial tiles)
+    shows no shared-memory hazard: what one thread writes to a tile, others read only after a
+    __syncthreads(), and nobody overwrites a tile before everyone has read it. Unlike a timing
+    test this is deterministic: a missing barrier is reported even when the race happens to
+    give the right answer."""
+    tool = compute_sanitizer()
+    if tool is None:
+        pytest.skip("compute-sanitizer (CUDA toolkit) not found on PATH or under CUDA_HOME")
+    proc = subprocess.run(
+        [tool, "--tool", "racecheck", "--print-limit", "5", sys.executable, "-c",
+         RACECHECK_SCRIPT.format(kernel=kernel)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=170)
+    out = proc.stdout + proc.stderr
+    summary = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, "
+                        r"(\d+) warnings?\)", out)
+    assert "KERNEL_DONE" in out and summary, (
+        f"the {kernel} kernel did not run to completion under racecheck "
+        f"(exit {proc.returncode}):\n{out[-3000:]}")
+    errors = int(summary.group(2))
+    assert errors == 0, (
+        f"racecheck found {errors} shared-memory hazard(s) in the {kernel} kernel — a thread "
+        f"reads (or overwrites) shared memory another thread wrote with no __syncthreads() in "
+        f"between:\n{out[:3000]}")
