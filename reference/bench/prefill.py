@@ -1,0 +1,289 @@
+"""``pagedlab bench prefill``: the Lab 5 kernels against the GEMM ceiling, torch SDPA and
+FlashInfer's paged prefill, all measured in one run on one GPU.
+
+Workloads (``prefill_workloads.toml``): fp16, head 128, block 16, 32 query / 8 KV heads, causal —
+P1 4 x 1024 prompts, P2 8 x 512 new tokens over 1536 of history, P3 1 x 8192.
+
+FLOPs count only what causal attention must do: 4 * num_q_heads * head_size per visible
+(query, key) pair (2 for Q K^T, 2 for P V), so a kernel that computes the masked half gets no
+credit for it. Each contender reads the same values: the paged cache for FlashInfer and the
+lab kernels, a contiguous copy of it for SDPA (GQA through ``enable_gqa``, and a bottom-right
+aligned causal mask when queries follow history, P2).
+
+The tensor-core kernel's target: at least 0.5 x FlashInfer on every workload, same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from reference.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
+from reference.loader import describe_impl, load_impl
+
+LAB = "lab05_prefill_kernels"
+WORKLOADS = Path(__file__).with_name("prefill_workloads.toml")
+TARGET_VS_FLASHINFER = 0.5
+
+
+def load_workloads(path: Path = WORKLOADS) -> tuple[dict, list[dict]]:
+    """Returns (common settings, workloads) from the TOML file."""
+    data = tomllib.loads(path.read_text())
+    return data["common"], data["workload"]
+
+
+def visible_pairs(query_len: int, history_len: int, causal: bool = True) -> int:
+    """(query, key) pairs one sequence computes: query i sees history + i + 1 keys (causal)."""
+    if not causal:
+        return query_len * (query_len + history_len)
+    return query_len * history_len + query_len * (query_len + 1) // 2
+
+
+def build_inputs(common: dict, wl: dict, seed: int = 0) -> dict:
+    """Random paged inputs on the GPU: physical blocks shuffled, as in a long-running server."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, common["dtype"])
+    n, q_len, h_len = wl["num_seqs"], wl["query_len"], wl["history_len"]
+    bs, hq, hkv, d = common["block_size"], common["num_q_heads"], common["num_kv_heads"], common["head_size"]
+    ctx = q_len + h_len
+    per_seq = math.ceil(ctx / bs)
+    num_blocks = n * per_seq + 8
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[: n * per_seq]
+    block_tables = perm.view(n, per_seq).to(torch.int32)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+    return {
+        "query": randn(n * q_len, hq, d),
+        "key_cache": randn(num_blocks, hkv, bs, d),
+        "value_cache": randn(num_blocks, hkv, bs, d),
+        "block_tables": block_tables.cuda(),
+        "cu_seqlens_q": torch.arange(0, (n + 1) * q_len, q_len, dtype=torch.int32, device="cuda"),
+        "context_lens": torch.full((n,), ctx, dtype=torch.int32, device="cuda"),
+        "scale": 1.0 / math.sqrt(d),
+    }
+
+
+def contiguous_kv(batch: dict, wl: dict) -> tuple:
+    """Gathers the paged cache into [num_seqs, num_kv_heads, context_len, head_size] K and V."""
+    kc, vc, bt = batch["key_cache"], batch["value_cache"], batch["block_tables"].long()
+    ctx = wl["query_len"] + wl["history_len"]
+
+    def gather(cache):  # [n, per_seq, hkv, bs, d] -> [n, hkv, per_seq * bs, d]
+        x = cache[bt]
+        n, per_seq, hkv, bs, d = x.shape
+        return x.permute(0, 2, 1, 3, 4).reshape(n, hkv, per_seq * bs, d)[:, :, :ctx].contiguous()
+
+    return gather(kc), gather(vc)
+
+
+def sdpa_fn(batch: dict, wl: dict):
+    """Returns (fn, how): torch SDPA on contiguous K/V, output as packed [T, Hq, D]."""
+    import torch
+    import torch.nn.functional as F
+
+    n, q_len, h_len = wl["num_seqs"], wl["query_len"], wl["history_len"]
+    q = batch["query"].view(n, q_len, *batch["query"].shape[1:]).transpose(1, 2).contiguous()
+    k, v = contiguous_kv(batch, wl)
+    scale = batch["scale"]
+    if h_len == 0:
+        mask, how = None, "is_causal"
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask, how = causal_lower_right(q_len, q_len + h_len), "causal_lower_right"
+
+    def run(k=k, v=v, gqa=True):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+    try:
+        run()
+        fn, how = run, how + ", enable_gqa"
+    except (RuntimeError, TypeError, ValueError):
+        group = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        fn, how = (lambda: run(ke, ve, False)), how + ", K/V expanded to every query head"
+    torch.cuda.synchronize()
+    return (lambda: fn()), how, (lambda o: o.transpose(1, 2).reshape(n * q_len, *o.shape[1:2], o.shape[3]))
+
+
+def flashinfer_fn(fi, batch: dict, common: dict, wl: dict):
+    """Returns FlashInfer's BatchPrefillWithPagedKVCacheWrapper on our cache (its "HND" layout:
+    [num_pages, num_kv_heads, page_size, head_dim], K and V as a tuple)."""
+    import torch
+
+    n, q_len, h_len = wl["num_seqs"], wl["query_len"], wl["history_len"]
+    bs = common["block_size"]
+    ctx = q_len + h_len
+    per_seq = math.ceil(ctx / bs)
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND")
+    qo_indptr = torch.arange(0, (n + 1) * q_len, q_len, dtype=torch.int32)
+    kv_indptr = torch.arange(0, (n + 1) * per_seq, per_seq, dtype=torch.int32)
+    kv_indices = batch["block_tables"].cpu().reshape(-1).contiguous()
+    last_page_len = torch.full((n,), ctx - (per_seq - 1) * bs, dtype=torch.int32)
+    wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, common["num_q_heads"],
+                 common["num_kv_heads"], common["head_size"], bs, causal=True,
+                 q_data_type=torch.float16, kv_data_type=torch.float16, sm_scale=batch["scale"])
+    kv = (batch["key_cache"], batch["value_cache"])
+    return lambda: wrapper.run(batch["query"], kv), getattr(wrapper, "_backend", "?")
+
+
+def rel_err(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedlab bench prefill", description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=None, help="names (default: all)")
+    parser.add_argument("--kernels", nargs="+", default=["naive", "tiled", "tc"])
+    parser.add_argument("--tc-variants", nargs="+", default=None, metavar="WxR",
+                        help="(tuning) also time the tensor-core kernel with W warps of R rows")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for prefill.json / .png")
+    args = parser.parse_args(argv)
+
+    from reference.gpu import gpu_skip_reason
+
+    reason = gpu_skip_reason()
+    if reason:
+        print(f"pagedlab bench prefill needs a GPU: {reason}")
+        return 2
+    import torch
+
+    from reference.bench._gpu import flashinfer_or_reason, gemm_ceiling_tflops, time_cuda
+
+    impl = load_impl(LAB)
+    common, workloads = load_workloads()
+    if args.workloads:
+        workloads = [w for w in workloads if w["name"] in args.workloads]
+    fi, fi_reason = flashinfer_or_reason()
+    gemm = gemm_ceiling_tflops(8192, common["dtype"])
+    print(f"Lab 5 prefill ({describe_impl()}) on {machine_info()['device']}; fp16 GEMM ceiling "
+          f"{gemm:.0f} TFLOP/s; FlashInfer: {fi.__version__ if fi else fi_reason}")
+    rows = []
+    for wl in workloads:
+        batch = build_inputs(common, wl)
+        pairs = wl["num_seqs"] * visible_pairs(wl["query_len"], wl["history_len"], common["causal"])
+        flops = 4 * common["num_q_heads"] * common["head_size"] * pairs
+        found: dict[str, dict] = {}
+
+        def record(name, fn, note="", reference_out=None, **timing):
+            out = fn()
+            torch.cuda.synchronize()
+            us = time_cuda(fn, **timing)
+            row = {"workload": wl["name"], "impl": name, "us": us, "ms": us / 1e3,
+                   "tflops": flops / (us * 1e-6) / 1e12, "note": note}
+            row["pct_gemm"] = 100 * row["tflops"] / gemm
+            if reference_out is not None:
+                row["rel_err_vs_sdpa"] = rel_err(out, reference_out)
+            rows.append(row)
+            found[name] = row
+            print(f"  {wl['name']} {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  {note}")
+            return out
+
+        sdpa, how, packed = sdpa_fn(batch, wl)
+        ref = packed(record("torch SDPA", sdpa, how))
+        if fi is not None:
+            try:
+                fn, backend = flashinfer_fn(fi, batch, common, wl)
+                record("FlashInfer", fn, f"paged, backend {backend}", ref)
+            except Exception as exc:  # noqa: BLE001 — report, keep measuring the rest
+                print(f"  FlashInfer failed: {type(exc).__name__}: {exc}")
+                fi_reason = f"{type(exc).__name__}: {exc}"
+        for kernel in args.kernels:
+            variants = [None]
+            if kernel == "tc" and args.tc_variants:
+                default = f"{impl.TC_WARPS}x{impl.TC_ROWS_PER_WARP}"
+                variants += [v for v in args.tc_variants if v != default]
+            for variant in variants:
+                saved = impl.TC_WARPS, impl.TC_ROWS_PER_WARP
+                if variant is not None:
+                    impl.TC_WARPS, impl.TC_ROWS_PER_WARP = (int(x) for x in variant.split("x"))
+                try:
+                    plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
+                                                num_q_heads=common["num_q_heads"],
+                                                num_kv_heads=common["num_kv_heads"])
+                    fn = getattr(impl, f"paged_prefill_{kernel}")
+                    name = kernel if variant is None else f"{kernel} ({variant})"
+                    # The naive kernel takes ~a second: one timed call after one untimed.
+                    timing = dict(warmup=0, iters=1, repeats=1) if kernel == "naive" else {}
+                    record(name, lambda fn=fn, plan=plan: fn(**batch, plan=plan),
+                           "plan made once, outside the timing", ref, **timing)
+                except Exception as exc:  # noqa: BLE001 — a tuning variant may not exist
+                    print(f"  {wl['name']} {kernel} {variant or ''}: failed: {type(exc).__name__}: {exc}")
+                    if variant is None:
+                        raise
+                finally:
+                    impl.TC_WARPS, impl.TC_ROWS_PER_WARP = saved
+        for row in rows:
+            if row["workload"] != wl["name"]:
+                continue
+            if "FlashInfer" in found:
+                row["x_flashinfer"] = row["tflops"] / found["FlashInfer"]["tflops"]
+            row["x_sdpa"] = row["tflops"] / found["torch SDPA"]["tflops"]
+        del batch
+        torch.cuda.empty_cache()
+
+    print()
+    print(format_table(rows, [("workload", "workload", ""), ("impl", "implementation", ""),
+                              ("ms", "ms", ".3f"), ("tflops", "TFLOP/s", ".1f"),
+                              ("pct_gemm", "% GEMM", ".1f"), ("x_sdpa", "x SDPA", ".2f"),
+                              ("x_flashinfer", "x FlashInfer", ".2f"),
+                              ("rel_err_vs_sdpa", "rel err vs SDPA", ".1e")]))
+    verdicts = {}
+    for wl in workloads:
+        tc = next((r for r in rows if r["workload"] == wl["name"] and r["impl"] == "tc"), None)
+        if tc and "x_flashinfer" in tc:
+            verdicts[wl["name"]] = tc["x_flashinfer"] >= TARGET_VS_FLASHINFER
+            print(f"target {wl['name']}: tc = {tc['x_flashinfer']:.2f} x FlashInfer "
+                  f"({'met' if verdicts[wl['name']] else 'MISSED'}, target >= {TARGET_VS_FLASHINFER})")
+    payload = {"common": common, "workloads": workloads, "gemm_ceiling_tflops": gemm,
+               "flashinfer": fi.__version__ if fi else None, "flashinfer_reason": fi_reason,
+               "target_vs_flashinfer": TARGET_VS_FLASHINFER, "target_met": verdicts,
+               "implementation": describe_impl(), "rows": rows}
+    path = write_results("prefill", payload, args.out)
+    print(f"wrote {path}")
+    plt = try_pyplot()
+    if plt is not None:
+        plot(plt, {"machine": machine_info(), **payload}, Path(args.out) / "prefill.png")
+    return 0
+
+
+def plot(plt, payload: dict, path: Path) -> None:
+    """Bars of TFLOP/s per implementation, one group per workload, log scale (naive is ~10^4 x
+    slower than the rest)."""
+    rows = payload["rows"]
+    names = list(dict.fromkeys(r["impl"] for r in rows))
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for j, wl in enumerate(workloads):
+            r = next((r for r in rows if r["workload"] == wl and r["impl"] == name), None)
+            if r:
+                xs.append(j + i * width)
+                ys.append(r["tflops"])
+        ax.bar(xs, ys, width, label=name)
+    ax.axhline(payload["gemm_ceiling_tflops"], color="k", lw=0.8, ls="--", label="fp16 GEMM ceiling")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))], workloads)
+    ax.set(yscale="log", ylabel="TFLOP/s (causal FLOPs)",
+           title=f"paged prefill, {payload['machine']['device']}, {payload['machine']['date']}")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
