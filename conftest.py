@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import HealthCheck, settings
+import os
 
-from reference.loader import load_impl
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from reference.loader import MUTANT_DIR_ENV, load_impl
 from reference.paths import lab_of_path
 
 pytest_plugins = ["reference.grading"]
@@ -25,7 +27,14 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile("pagedlab")
+# A mutant run (the test-strength check) only needs to know *that* a test fails, not the
+# smallest failing example: skipping hypothesis's shrink phase there saves tens of seconds a mutant.
+settings.register_profile(
+    "pagedlab-mutant",
+    parent=settings.get_profile("pagedlab"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+settings.load_profile("pagedlab-mutant" if os.environ.get(MUTANT_DIR_ENV) else "pagedlab")
 
 
 @pytest.fixture
