@@ -90,7 +90,7 @@ def test_no_hidden_flag_and_plain_pytest_leave_hidden_tests_out(tmp_path):
     assert res["max_score"] == 2 and "hidden" not in res["output"]
     env = {k: v for k, v in os.environ.items() if k != "LAB_IMPL"}
     collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                              "-p", "no:cacheprovider"], cwd=root, env=env,
+                              "-p", "no:cacheprovider", "-p", "no:nbval"], cwd=root, env=env,
                              capture_output=True, text=True)
     assert "test_small" in collect.stdout and "test_hidden_large" not in collect.stdout
 

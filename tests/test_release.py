@@ -88,10 +88,12 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
         missing = [t for t in res["tests"] if "test_lab01_free_queue" in t["extra_data"]["nodeid"]]
         assert missing and all(t["status"] == "failed" for t in missing)
         assert res["max_score"] == 41 and res["score"] < 41
-    proc, res = grade(root, "--quiet", "--on-tamper", "zero")
-    assert res["score"] == 0 and res["max_score"] == 41
+    if change == "edit":
+        proc, res = grade(root, "--quiet", "--on-tamper", "zero")
+        assert res["score"] == 0 and res["max_score"] == 41
     proc, res = grade(root, "--quiet", "--on-tamper", "refuse")
     assert proc.returncode == 2 and res["score"] == 0 and "refused" in res["output"]
+    assert res["max_score"] == 41
 
 
 def test_a_regenerated_manifest_is_caught_by_the_pinned_digest(release, tmp_path):
