@@ -11,6 +11,7 @@ log-sum-exp -inf). The kernels are CUDA C++ in the ``.cu`` files beside this loa
     decode_v2.cu      4.2  GQA-aware: one CTA per KV head loads each K/V row once
     decode_v3.cu      4.3  split-K (flash-decoding) + decode_reduce.cu to merge the partials
     decode_v4.cu      4.4  16-byte vectors, tiles of rows in flight, staged block ids
+    decode_v5.cu      4.5  v4's walk with both products on tensor cores (mma.sync m16n8k16)
 
 Every launcher has one shape (the CuPy gemm example's)::
 
@@ -57,6 +58,13 @@ MAX_HEADS_PER_CTA = 8
 #: keys ``NUM_WARPS``, ``VECS_PER_LANE`` (-D options of decode_v4.cu) and ``MAX_HEADS_PER_CTA``.
 #: Empty: the defaults written in the kernel.
 V4_TUNING: dict[str, int] = {}
+#: Head sizes the tensor-core kernel (v5) has code for.
+V5_HEAD_SIZES = (64, 128)
+#: paged_attention picks v5 from this group size up. Measured on an H200 (2026-11-22, the
+#: committed benchmark): v5 beats v4 with a group of 8 (50 % vs 36 % of the copy ceiling) but
+#: not with 4 (73 % vs 82 %) — v5 holds fewer loads in flight, and 4 heads still fit the CUDA
+#: cores' budget.
+V5_MIN_GROUP = 8
 
 #: Split-K plan: partitions are multiples of PARTITION_ALIGN tokens, at most MAX_PARTITION_SIZE
 #: (v4 stages a partition's block ids in shared memory), and there are enough of them for
@@ -413,8 +421,9 @@ def _check_plan(shape: DecodeShape, plan, max_context_len, max_size: int | None)
 
 def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_tables,
                      context_lens, scale, out, debug, max_context_len, plan, return_lse,
-                     max_partition: int | None, tuning: dict | None = None):
-    """v3 and v4 differ only in their kernel: validate, plan, launch, reduce when split."""
+                     max_partition: int | None, tuning: dict | None = None,
+                     head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES):
+    """v3, v4 and v5 differ only in their kernel: validate, plan, launch, reduce when split."""
     # TODO(lab4.3): check_decode_args(..., check_device=False), _check_plan, check_on_cuda, then
     # the plan (plan_split_kv with the device's SM count unless one was forced), the output, an
     # lse buffer, the partial buffers when num_partitions > 1; launch the kernel on grid
@@ -459,8 +468,41 @@ def paged_attention_v4(query, key_cache, value_cache, block_tables, context_lens
                             return_lse, MAX_PARTITION_SIZE, V4_TUNING)
 
 
-#: The production entry point: the fastest version.
-paged_attention = paged_attention_v4
+def paged_attention_v5(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+    """Task 4.5: v4 with both matrix products on tensor cores (mma.sync m16n8k16, fp32 accumulate).
+
+    Args and Returns: as :func:`paged_attention_v4`; head sizes 64 and 128 only.
+    """
+    # TODO(lab4.5): write the kernel of decode_v5.cu, then delete the next line.
+    raise NotImplementedError("TODO(lab4.5): paged_attention_v5 — write decode_v5.cu's kernel")
+    return _split_kv_launch("decode_v5.cu", "paged_decode_v5", query, key_cache, value_cache,
+                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
+                            return_lse, MAX_PARTITION_SIZE, None, V5_HEAD_SIZES)
+
+
+def _prefers_v5(query, key_cache) -> bool:
+    """A large GQA group and a head size v5 has code for (shapes only: the launcher validates)."""
+    # TODO(lab4.5): True when query / key_cache have 3 / 4 dimensions, the head size is one of
+    # V5_HEAD_SIZES and the group (num_q_heads // num_kv_heads) is at least V5_MIN_GROUP. Measure
+    # v4 and v5 on your GPU (pagedlab bench decode) and move V5_MIN_GROUP if they disagree.
+    raise NotImplementedError("TODO(lab4.5): _prefers_v5 — when paged_attention uses tensor cores")
+
+
+def paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
+                    max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+    """The production entry point: v5 on tensor cores for groups of 8 or more, v4 otherwise.
+
+    Every CUDA-core multiply-add of v4 grows with the group; v5's tensor cores do not care, but
+    v5 keeps fewer bytes in flight. Measured, v4 wins up to a group of 4 (it streams MHA at the
+    copy ceiling) and v5 wins at 8: see V5_MIN_GROUP and the handout's table.
+
+    Args and Returns: as :func:`paged_attention_v4`.
+    """
+    fn = paged_attention_v5 if _prefers_v5(query, key_cache) else paged_attention_v4
+    return fn(query, key_cache, value_cache, block_tables, context_lens, scale,
+              max_context_len=max_context_len, plan=plan, return_lse=return_lse, out=out,
+              debug=debug)
 
 #: Every kernel version, in the order of the journey (benchmarks and tests iterate over it).
 KERNELS = {
@@ -470,4 +512,5 @@ KERNELS = {
     "v2": paged_attention_v2,
     "v3": paged_attention_v3,
     "v4": paged_attention_v4,
+    "v5": paged_attention_v5,
 }

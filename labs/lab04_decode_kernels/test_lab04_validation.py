@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from reference.errors import DeviceMismatchError, UnsupportedConfigError
 from reference.layout import PAD_BLOCK_ID
 
-VERSIONS = ["naive", "v0", "v1", "v2", "v3", "v4"]
+VERSIONS = ["naive", "v0", "v1", "v2", "v3", "v4", "v5"]
 
 
 def cpu_batch(num_seqs=3, num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
@@ -189,6 +189,35 @@ def test_v0_refuses_tables_longer_than_its_shared_memory(impl):
         call(impl, batch, "v0")
 
 
+@pytest.mark.points(1)
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, expected", [
+    (8, 8, 128, "v4"), (8, 2, 128, "v4"), (16, 2, 128, "v5"), (64, 8, 64, "v5"),
+    (16, 2, 256, "v4")])
+def test_paged_attention_dispatch(impl, monkeypatch, num_q_heads, num_kv_heads, head_size,
+                                  expected):
+    """paged_attention hands MHA, small groups and head size 256 to v4, groups of 8+ to v5."""
+    called = []
+    for version in ("v4", "v5"):
+        monkeypatch.setattr(impl, f"paged_attention_{version}",
+                            lambda *a, _v=version, **k: called.append(_v))
+    impl.paged_attention(**cpu_batch(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                     head_size=head_size))
+    assert called == [expected]
+
+
+@pytest.mark.points(1)
+def test_v5_refuses_head_size_256_and_paged_attention_falls_back(impl):
+    """v5's tensor-core tiles exist for head sizes 64 and 128: 256 is an UnsupportedConfigError
+    before the device check, and paged_attention then uses v4 (reaching the device check)."""
+    batch = cpu_batch(head_size=256)
+    with pytest.raises(UnsupportedConfigError, match="head_size"):
+        call(impl, batch, "v5")
+    with pytest.raises(DeviceMismatchError):
+        impl.paged_attention(**batch)
+    with pytest.raises(DeviceMismatchError):
+        impl.paged_attention(**cpu_batch())
+
+
 # ----------------------------------------------------------------------------- split-K plan
 
 
@@ -252,10 +281,10 @@ def test_split_plan_rejects_bad_arguments(impl, args, error, name):
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 def test_forced_plan_is_checked_before_launch(impl, version):
     """A plan passed in must be a SplitKVPlan of whole tiles covering max_context_len (and, for
-    v4, partitions it can stage); it is refused before the device check."""
+    v4 and v5, partitions they can stage); it is refused before the device check."""
     batch = cpu_batch()
     bad = [impl.SplitKVPlan(1, 100), impl.SplitKVPlan(1, 32), impl.SplitKVPlan(2, 64)]
     for plan in bad:
@@ -263,7 +292,7 @@ def test_forced_plan_is_checked_before_launch(impl, version):
             call(impl, batch, version, plan=plan, max_context_len=200)
     with pytest.raises(TypeError, match="plan"):
         call(impl, batch, version, plan=(2, 64), max_context_len=64)
-    if version == "v4":
+    if version in ("v4", "v5"):
         with pytest.raises(ValueError, match="plan"):
             call(impl, batch, version, plan=impl.SplitKVPlan(1, 2048), max_context_len=64)
     with pytest.raises(DeviceMismatchError):
