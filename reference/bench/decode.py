@@ -8,7 +8,8 @@ For each workload of ``reference/decode_workloads.py`` it measures, in this orde
 * gather the pages into contiguous K/V, then SDPA (the "just use torch" baseline);
 * FlashInfer's batch decode, CUDA-core and tensor-core paths, when FlashInfer imports;
 * the naive baseline and every kernel version of the lab (``LAB_IMPL`` picks starter or
-  solution), plus a few v4 tuning variants.
+  solution), and ``paged_attention``, the production entry point (v5 for GQA, else v4);
+  ``--variants`` adds a few compile-time variants of v4.
 
 Bytes counted = the K and V rows of every cached token (sum of context_lens x kv heads x head
 size x 2 bytes x 2) + the query + the output. Each method's output is compared with SDPA's.
@@ -32,7 +33,8 @@ from reference.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SW
 from reference.loader import describe_impl, load_impl
 
 LAB = "lab04_decode_kernels"
-VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4")
+VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4", "v5")
+SPLIT_K = ("v3", "v4", "v5", "paged_attention")
 #: v4 compile-time variants measured beside the default (see solution.V4_TUNING).
 V4_VARIANTS = (
     {"VECS_PER_LANE": 8},
@@ -182,9 +184,11 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) ->
     ]
     if fi is not None:
         methods += [(name, fn, why) for name, (fn, why) in flashinfer_fns(fi, batch, w).items()]
-    for version in VERSIONS:
-        fn = impl.KERNELS[version]
-        kwargs = {"max_context_len": max_len} if version in ("v3", "v4") else {}
+    for version in (*VERSIONS, "paged_attention"):
+        fn = impl.KERNELS.get(version) or getattr(impl, version, None)
+        if fn is None:
+            continue
+        kwargs = {"max_context_len": max_len} if version in SPLIT_K else {}
         methods.append((version, lambda fn=fn, kw=kwargs: fn(*args, batch["scale"], **kw), None))
     if variants and hasattr(impl, "V4_TUNING"):
         for tuning in V4_VARIANTS:
@@ -228,7 +232,7 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) ->
                                   torch.cuda.get_device_properties(0).multi_processor_count,
                                   block_size=w.block_size)
         for row in rows:
-            if row["method"] in ("v3", "v4"):
+            if row["method"] in SPLIT_K:
                 row["plan"] = f"{plan.num_partitions} x {plan.partition_size}"
     except NotImplementedError:
         pass  # a starter without its plan yet
@@ -267,8 +271,10 @@ def run_sweep(impl, fi) -> list[dict]:
         fns = {"sdpa (contiguous)": sdpa_fn(batch, w, gather=False)}
         if fi is not None:
             fns.update({k: f for k, (f, _) in flashinfer_fns(fi, batch, w).items() if f is not None})
-        for version in ("v1", "v2", "v3", "v4"):
-            kw = {"max_context_len": ctx} if version in ("v3", "v4") else {}
+        for version in ("v1", "v2", "v3", "v4", "v5"):
+            if version not in impl.KERNELS:
+                continue
+            kw = {"max_context_len": ctx} if version in SPLIT_K else {}
             fns[version] = lambda fn=impl.KERNELS[version], kw=kw: fn(*args, batch["scale"], **kw)
         for name, fn in fns.items():
             try:
@@ -285,10 +291,10 @@ def run_sweep(impl, fi) -> list[dict]:
 
 
 def target_report(rows: list[dict], ceiling: float) -> list[dict]:
-    """v4 against the issue's targets, per workload."""
+    """The production entry point (paged_attention) against the targets, per workload."""
     report = []
     for r in rows:
-        if r["method"] != "v4" or "us" not in r:
+        if r["method"] != "paged_attention" or "us" not in r:
             continue
         entry = {"workload": r["workload"], "pct_ceiling": r["pct_ceiling"],
                  "vs_flashinfer": r.get("vs_flashinfer")}
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedlab bench decode", description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=[w.name for w in DECODE_WORKLOADS])
     parser.add_argument("--no-sweep", action="store_true", help="skip the context-length sweep")
-    parser.add_argument("--no-variants", action="store_true", help="skip v4's tuning variants")
+    parser.add_argument("--variants", action="store_true", help="also time v4's tuning variants")
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for decode.json / .png")
     args = parser.parse_args(argv)
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for w in DECODE_WORKLOADS:
         if w.name in args.workloads:
-            rows += run_workload(w, impl, fi, ceiling, not args.no_variants)
+            rows += run_workload(w, impl, fi, ceiling, args.variants)
             # NOTE: written after every workload, so a run cut short still leaves its figures.
             write_results("decode", {"implementation": describe_impl(), "copy_ceiling_gbps": ceiling,
                                      "rows": rows, "partial": True}, args.out)
@@ -388,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, COLUMNS))
     print()
     for t in payload["targets"]:
-        print(f"v4 on {t['workload']}: {t['pct_ceiling']:.1f} % of copy ceiling"
+        print(f"paged_attention on {t['workload']}: {t['pct_ceiling']:.1f} % of copy ceiling"
               + (f" (target {100 * t['ceiling_target']:.0f} %: {'ok' if t['ceiling_ok'] else 'BELOW'})"
                  if t["ceiling_target"] else "")
               + (f", {t['vs_flashinfer']:.2f}x FlashInfer best (target {TARGET_VS_FLASHINFER}: "
