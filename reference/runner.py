@@ -181,6 +181,13 @@ def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s
         elif want is None:
             raise GradingRunError(f"{lab}: the test process collected nothing "
                                   f"(exit {child.returncode}):\n{child.output[-3000:]}")
+        elif not known:  # a manifest expects tests, but this tree could not even collect them
+            problems.append(f"{lab}: pytest could not collect the lab (exit {child.returncode}): "
+                            f"{child.output.strip()[-500:]}")
+            for nid in want:
+                failures[nid] = (f"did not run: pytest could not collect {lab} "
+                                 f"(exit {child.returncode}; a deleted or broken lab folder?)")
+            break
         running = None
         for event in child.events:
             kind = event.get("event")
