@@ -19,6 +19,7 @@ Loaded by the root ``conftest.py``. It
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,18 +71,51 @@ def pytest_configure(config: pytest.Config) -> None:
     except LabImplError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._pagedlab_records = {}  # nodeid -> TestRecord
-    config._pagedlab_log = None
     log_path = config.getoption("--pagedlab-log")
     if log_path:
         # Take the key now: no student code has been imported yet (impl loads in a fixture).
-        config._pagedlab_log = LogWriter(log_path, take_key_from_env())
+        writer = LogWriter(log_path, take_key_from_env())
+        config.pluginmanager.register(_log_plugin(config, writer.write), "pagedlab-log")
     _CONFIG["config"] = config
 
 
-def _log(config: pytest.Config | None, body: dict) -> None:
-    writer = getattr(config, "_pagedlab_log", None) if config is not None else None
-    if writer is not None:
-        writer.write(body)
+def _log_plugin(config: pytest.Config, log) -> types.SimpleNamespace:
+    """Returns the hooks that write the grading log.
+
+    NOTE: the writer lives only in these closures — not on ``config`` nor in a module global —
+    so student code cannot reach it by name; reaching it takes walking pytest's internals.
+    """
+    records = config._pagedlab_records
+
+    def pytest_collectreport(report: pytest.CollectReport) -> None:
+        if report.failed:
+            log({"event": "collect_error", "nodeid": report.nodeid,
+                 "message": _short_message(report)[:MAX_DETAILS_CHARS]})
+
+    def pytest_collection_finish(session: pytest.Session) -> None:
+        # What this process will run (after -k/-m/--pagedlab-only): the expected list.
+        tests = [_public(records[it.nodeid]) for it in session.items if it.nodeid in records]
+        log({"event": "collected", "implementation": describe_impl(), "tests": tests})
+
+    def pytest_runtest_logstart(nodeid: str, location) -> None:
+        if nodeid in records:
+            log({"event": "start", "nodeid": nodeid})
+
+    def pytest_runtest_logfinish(nodeid: str, location) -> None:
+        rec = records.get(nodeid)
+        if rec is None:
+            return
+        body = _public(rec)
+        if rec.outcome == "passed" and "call" not in rec._phases:
+            body.update(outcome="error", message="the test body never ran")
+        log({"event": "result", **body})
+
+    def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+        log({"event": "finish", "exitstatus": int(exitstatus)})
+
+    hooks = (pytest_collectreport, pytest_collection_finish, pytest_runtest_logstart,
+             pytest_runtest_logfinish, pytest_sessionfinish)
+    return types.SimpleNamespace(**{hook.__name__: hook for hook in hooks})
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -146,36 +180,6 @@ def _public(rec: TestRecord) -> dict:
     return {k: v for k, v in asdict(rec).items() if not k.startswith("_")}
 
 
-def pytest_collectreport(report: pytest.CollectReport) -> None:
-    if report.failed:
-        _log(_CONFIG.get("config"), {"event": "collect_error", "nodeid": report.nodeid,
-                                     "message": _short_message(report)[:MAX_DETAILS_CHARS]})
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    # What this process will run (after -k/-m/--pagedlab-only): the grader's expected list.
-    records = session.config._pagedlab_records
-    tests = [_public(records[it.nodeid]) for it in session.items if it.nodeid in records]
-    _log(session.config, {"event": "collected", "implementation": describe_impl(), "tests": tests})
-
-
-def pytest_runtest_logstart(nodeid: str, location) -> None:
-    config = _CONFIG.get("config")
-    if config is not None and nodeid in config._pagedlab_records:
-        _log(config, {"event": "start", "nodeid": nodeid})
-
-
-def pytest_runtest_logfinish(nodeid: str, location) -> None:
-    config = _CONFIG.get("config")
-    rec = config._pagedlab_records.get(nodeid) if config is not None else None
-    if rec is None:
-        return
-    body = _public(rec)
-    if rec.outcome == "passed" and "call" not in rec._phases:
-        body.update(outcome="error", message="the test body never ran")
-    _log(config, {"event": "result", **body})
-
-
 def _short_message(report: pytest.TestReport) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None and getattr(crash, "message", None):
@@ -220,7 +224,6 @@ def _finished_records(config: pytest.Config) -> list[TestRecord]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    _log(config, {"event": "finish", "exitstatus": int(exitstatus)})
     path = config.getoption("--pagedlab-report")
     if not path:
         return

@@ -194,7 +194,12 @@ def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s
             if kind == "start":
                 running = event["nodeid"]
             elif kind == "result":
-                results.setdefault(event["nodeid"], event)
+                # Only the running test's result counts: a line for another test is out of turn.
+                if event["nodeid"] == running:
+                    results.setdefault(running, event)
+                else:
+                    problems.append(f"{lab}: ignored a result for {event['nodeid']} logged "
+                                    f"while it was not running")
                 running = None
             elif kind == "collect_error":
                 problems.append(f"{lab}: collection error in {event['nodeid']}: {event['message']}")
