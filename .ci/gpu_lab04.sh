@@ -31,7 +31,7 @@ MUT=$!
 stamp "tests done: $(tail -n 3 "$OUT/tests.log" | head -n 1)"
 wait $MUT; stamp "mutants done: $(grep -c caught "$OUT/mutants.log") caught"
 wait $WARM; stamp "flashinfer warm-up done: $(tail -n 1 "$OUT/fi_warm.log")"
-( timeout "${BENCH_S:-150}" python3 -m reference.cli bench decode --out "$OUT/bench" ${BENCH_ARGS:-}; echo "exit $?" ) \
+( timeout "${BENCH_S:-200}" python3 -m reference.cli bench decode --out "$OUT/bench" ${BENCH_ARGS:-}; echo "exit $?" ) \
   > "$OUT/bench.log" 2>&1
 stamp "bench done"
 tail -n 45 "$OUT/bench.log"
