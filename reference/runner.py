@@ -138,56 +138,52 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT))
 
 
-def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s, include_hidden,
-             expected, progress) -> RunResult:
-    paths = [_rel(LABS_DIR / lab)]
-    if include_hidden:
-        paths += [_rel(d) for d in hidden_dirs(lab)]
-    names = set(only or [])
-    want: dict[str, dict] | None = None
-    if expected is not None:
-        want = {nid: _meta(nid, lab, pts) for nid, pts in expected.items()
-                if not names or _func_name(nid) in names}
-    results: dict[str, dict] = {}
-    failures: dict[str, str] = {}  # node id -> why it has no result
-    known: set[str] = set()  # node ids some child collected (safe to pass on a command line)
-    problems: list[str] = []
-    outputs, implementation, exitstatus = [], "", 0
-    args, deaths = paths, 0
-    if progress:
-        progress.start(lab)
-    while True:
-        child = _run_child(args, lab=lab, impl=impl, env=env, only=only, extra_args=extra_args,
-                           timeout_s=timeout_s, test_timeout_s=test_timeout_s, progress=progress,
-                           done=len(results) + len(failures), total=len(want or {}))
-        outputs.append(child.output[-4000:])
-        exitstatus = max(exitstatus, child.returncode if child.returncode >= 0 else 128)
+class _LabState:
+    """What is known about one lab's tests across its (possibly restarted) test processes."""
+
+    def __init__(self, lab: str, want: dict[str, dict] | None) -> None:
+        self.lab = lab
+        self.want = want  # node id -> metadata (points, doc, hidden); None until collected
+        self.results: dict[str, dict] = {}
+        self.failures: dict[str, str] = {}  # node id -> why it has no result
+        self.known: set[str] = set()  # node ids some child collected (safe on a command line)
+        self.problems: list[str] = []
+        self.implementation = ""
+
+    def absorb_collection(self, child: _Child) -> bool:
+        """Takes in what a child collected; returns False when nothing more can run."""
+        lab = self.lab
         if child.rejected:
-            problems.append(f"{lab}: {child.rejected} line(s) of the grading log were unsigned or "
-                            f"forged and were ignored (something wrote to the report)")
+            self.problems.append(f"{lab}: {child.rejected} line(s) of the grading log were "
+                                 f"unsigned or forged and were ignored (something wrote to it)")
         collected = next((e for e in child.events if e.get("event") == "collected"), None)
-        if collected is not None:
-            implementation = implementation or collected.get("implementation", "")
-            known.update(t["nodeid"] for t in collected["tests"])
-            if want is None:
-                want = {t["nodeid"]: t for t in collected["tests"]}
+        if collected is None:
+            if self.want is None:
+                raise GradingRunError(f"{lab}: the test process collected nothing "
+                                      f"(exit {child.returncode}):\n{child.output[-3000:]}")
+            if not self.known:  # a manifest expects tests this tree cannot even collect
+                self.problems.append(f"{lab}: pytest could not collect the lab (exit "
+                                     f"{child.returncode}): {child.output.strip()[-500:]}")
+                for nid in self.want:
+                    self.failures[nid] = (f"did not run: pytest could not collect {lab} (exit "
+                                          f"{child.returncode}; a deleted or broken lab folder?)")
+                return False
+            return True
+        self.implementation = self.implementation or collected.get("implementation", "")
+        self.known.update(t["nodeid"] for t in collected["tests"])
+        if self.want is None:
+            self.want = {t["nodeid"]: t for t in collected["tests"]}
+            return True
+        for t in collected["tests"]:
+            if t["nodeid"] in self.want:
+                self.want[t["nodeid"]] = {**t, "points": self.want[t["nodeid"]]["points"]}
             else:
-                for t in collected["tests"]:
-                    if t["nodeid"] in want:
-                        want[t["nodeid"]] = {**t, "points": want[t["nodeid"]]["points"]}
-                    else:
-                        problems.append(f"{lab}: {t['nodeid']} is not in the manifest (an added "
-                                        f"test?); it is not graded")
-        elif want is None:
-            raise GradingRunError(f"{lab}: the test process collected nothing "
-                                  f"(exit {child.returncode}):\n{child.output[-3000:]}")
-        elif not known:  # a manifest expects tests, but this tree could not even collect them
-            problems.append(f"{lab}: pytest could not collect the lab (exit {child.returncode}): "
-                            f"{child.output.strip()[-500:]}")
-            for nid in want:
-                failures[nid] = (f"did not run: pytest could not collect {lab} "
-                                 f"(exit {child.returncode}; a deleted or broken lab folder?)")
-            break
+                self.problems.append(f"{lab}: {t['nodeid']} is not in the manifest (an added "
+                                     f"test?); it is not graded")
+        return True
+
+    def absorb_events(self, child: _Child, test_timeout_s: float | None) -> bool:
+        """Takes in the results; returns True when the child finished its session."""
         running = None
         for event in child.events:
             kind = event.get("event")
@@ -196,35 +192,69 @@ def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s
             elif kind == "result":
                 # Only the running test's result counts: a line for another test is out of turn.
                 if event["nodeid"] == running:
-                    results.setdefault(running, event)
+                    self.results.setdefault(running, event)
                 else:
-                    problems.append(f"{lab}: ignored a result for {event['nodeid']} logged "
-                                    f"while it was not running")
+                    self.problems.append(f"{self.lab}: ignored a result for {event['nodeid']} "
+                                         f"logged while it was not running")
                 running = None
             elif kind == "collect_error":
-                problems.append(f"{lab}: collection error in {event['nodeid']}: {event['message']}")
-        finished = any(e.get("event") == "finish" for e in child.events)
-        if running is not None and running not in results:
-            failures[running] = _death_message(child, test_timeout_s)
-        remaining = [n for n in want if n not in results and n not in failures]
+                self.problems.append(f"{self.lab}: collection error in {event['nodeid']}: "
+                                     f"{event['message']}")
+        if running is not None and running not in self.results:
+            self.failures[running] = _death_message(child, test_timeout_s)
+        return any(e.get("event") == "finish" for e in child.events)
+
+    def remaining(self) -> list[str]:
+        """Expected tests with neither a result nor a known failure."""
+        return [n for n in self.want if n not in self.results and n not in self.failures]
+
+    def records(self) -> list[dict]:
+        """One graded record per expected test."""
+        return [_record(nid, meta, self.results.get(nid), self.failures.get(nid), self.problems)
+                for nid, meta in self.want.items()]
+
+
+def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s, include_hidden,
+             expected, progress) -> RunResult:
+    paths = [_rel(LABS_DIR / lab)]
+    if include_hidden:
+        paths += [_rel(d) for d in hidden_dirs(lab)]
+    names = set(only or [])
+    want = None
+    if expected is not None:
+        want = {nid: _meta(nid, lab, pts) for nid, pts in expected.items()
+                if not names or _func_name(nid) in names}
+    state = _LabState(lab, want)
+    outputs, exitstatus, args, deaths = [], 0, paths, 0
+    if progress:
+        progress.start(lab)
+    while True:
+        child = _run_child(args, lab=lab, impl=impl, env=env, only=only, extra_args=extra_args,
+                           timeout_s=timeout_s, test_timeout_s=test_timeout_s, progress=progress,
+                           done=len(state.results) + len(state.failures),
+                           total=len(state.want or {}))
+        outputs.append(child.output[-4000:])
+        exitstatus = max(exitstatus, child.returncode if child.returncode >= 0 else 128)
+        if not state.absorb_collection(child):
+            break
+        finished = state.absorb_events(child, test_timeout_s)
+        remaining = state.remaining()
         if finished or not remaining:
             break
         deaths += 1
-        runnable = [n for n in remaining if n in known]
+        runnable = [n for n in remaining if n in state.known]
         if deaths > MAX_RESTARTS or not runnable:
             for nid in remaining:
-                failures[nid] = (f"not run: the test process of {lab} died {deaths} times "
-                                 f"({_how(child, test_timeout_s)}); tests that did not run earn "
-                                 f"no points")
+                state.failures[nid] = (f"not run: the test process of {lab} died {deaths} times "
+                                       f"({_how(child, test_timeout_s)}); tests that did not run "
+                                       f"earn no points")
             break
-        args = runnable
-    records = [_record(nid, meta, results.get(nid), failures.get(nid), problems)
-               for nid, meta in want.items()]
+        args = runnable  # a fresh process for the tests not yet run
+    records = state.records()
     if progress:
         progress.end(lab, records)
-    tail = "\n".join(outputs)
-    return RunResult(exitstatus, records, list(want), implementation,
-                     f"== {lab}\n{tail}", problems)
+    return RunResult(exitstatus, records, list(state.want), state.implementation,
+                     f"== {lab}\n" + "\n".join(outputs), state.problems)
 
 
 def _func_name(nodeid: str) -> str:
