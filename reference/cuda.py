@@ -86,7 +86,14 @@ def torch_stream():
     import cupy
     import torch
 
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream()
+    # NOTE: CuPy 14 deprecates ExternalStream in favour of Stream.from_external(), which takes
+    # any object implementing the CUDA stream protocol (__cuda_stream__); older CuPy or torch
+    # builds lack one side of it, so fall back to the raw handle there.
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None and hasattr(stream, "__cuda_stream__"):
+        return from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
 def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
