@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from reference.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
-from reference.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, time_cuda
+from reference.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, measure
 from reference.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SWEEP_NUM_SEQS,
                                         TARGET_OF_CEILING, TARGET_VS_FLASHINFER, DecodeWorkload)
 from reference.loader import describe_impl, load_impl
@@ -126,37 +126,6 @@ def flashinfer_fns(fi, batch, w: DecodeWorkload) -> dict:
         except Exception as exc:  # noqa: BLE001 — recorded in the results instead
             out[name] = (None, f"{type(exc).__name__}: {exc}"[:300])
     return out
-
-
-def measure(fn, *, graph: bool = True):
-    """Returns (µs per call, how it was timed, the output of one call)."""
-    import torch
-
-    out = fn()
-    torch.cuda.synchronize()
-    single = time_cuda(fn, warmup=1, iters=1, repeats=1)
-    if single > 20_000:  # a slow baseline: a few eager calls are plenty
-        return time_cuda(fn, warmup=0, iters=1, repeats=3), "eager", out
-    if graph:
-        try:
-            n = 10 if single < 1000 else 3
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                for _ in range(n):
-                    fn()
-            us = time_cuda(g.replay, warmup=3, iters=max(2, 200 // n), repeats=7) / n
-            del g
-            return us, "graph", out
-        except Exception as exc:  # noqa: BLE001 — fall back to eager timing, say so
-            torch.cuda.synchronize()
-            how = f"eager (graph capture failed: {type(exc).__name__})"
-            return time_cuda(fn, warmup=3, iters=20, repeats=7), how, out
-    return time_cuda(fn, warmup=3, iters=20, repeats=7), "eager", out
 
 
 def max_err(out, ref) -> float:
