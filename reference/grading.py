@@ -19,7 +19,6 @@ Loaded by the root ``conftest.py``. It
 from __future__ import annotations
 
 import json
-import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,7 +78,15 @@ def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
 
 
-def _log_plugin(config: pytest.Config, log) -> types.SimpleNamespace:
+class _HookHolder:
+    """A plugin object for pluggy: hooks as attributes, hashable by identity.
+
+    NOTE: not a ``types.SimpleNamespace``: that defines ``__eq__`` and so is unhashable, and
+    pytest puts plugins in sets as soon as a lab folder has its own ``conftest.py``.
+    """
+
+
+def _log_plugin(config: pytest.Config, log) -> _HookHolder:
     """Returns the hooks that write the grading log.
 
     NOTE: the writer lives only in these closures — not on ``config`` nor in a module global —
@@ -115,7 +122,10 @@ def _log_plugin(config: pytest.Config, log) -> types.SimpleNamespace:
 
     hooks = (pytest_collectreport, pytest_collection_finish, pytest_runtest_logstart,
              pytest_runtest_logfinish, pytest_sessionfinish)
-    return types.SimpleNamespace(**{hook.__name__: hook for hook in hooks})
+    plugin = _HookHolder()
+    for hook in hooks:
+        setattr(plugin, hook.__name__, hook)
+    return plugin
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -185,3 +185,33 @@ def test_illegal_address_kernel_costs_only_its_own_lab(tmp_path):
     assert "illegal" in bad[0]["output"].lower() or "died" in bad[0]["output"], bad[0]["output"]
     assert good and all(t["status"] == "passed" for t in good), good
     assert res["score"] == 2
+
+
+def test_a_lab_with_its_own_conftest_is_graded(tmp_path):
+    """A lab folder may carry a conftest.py with fixtures (Lab 2 does); grading still collects it.
+
+    Regression: the grading log's plugin object must be hashable, since pytest keeps plugins in
+    sets once a folder below the root has its own conftest.
+    """
+    root = make_workbook(tmp_path / "wb", {
+        "lab01_local": {
+            "conftest.py": """
+                import pytest
+
+                @pytest.fixture
+                def answer():
+                    return 42
+            """,
+            "starter.py": "VALUE = 42\n",
+            "test_lab01_local.py": """
+                import pytest
+
+                @pytest.mark.points(2)
+                def test_uses_the_local_fixture(impl, answer):
+                    assert impl.VALUE == answer
+            """,
+        },
+    })
+    proc, results = grade(root, env={"LAB_IMPL": "starter"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert results["score"] == 2 and results["max_score"] == 2
