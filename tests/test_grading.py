@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from reference.gradebook import gradescope_results, summarize, todos
-from reference.paths import REPO_ROOT
+from reference.paths import REPO_ROOT, lab_names
 
 RECORDS = [
     {"nodeid": "labs/lab01_x/test_a.py::test_one", "lab": "lab01_x", "name": "test_one",
@@ -56,17 +56,20 @@ def test_lab_test_without_points_stops_the_run(tmp_path):
     assert "needs exactly one @pytest.mark.points" in proc.stderr
 
 
-def test_grade_command_scores_starters_zero(tmp_path):
-    """`LAB_IMPL=starter pagedlab grade 1` runs, scores 0 and writes results.json and Markdown."""
+def test_readme_grade_command_scores_every_starter_zero(tmp_path):
+    """The README's main job, `LAB_IMPL=starter pagedlab grade`, grades every lab: each one is in
+    results.json with tests, the score is 0, and the TODOs to do are listed."""
     env = dict(os.environ, LAB_IMPL="starter")
     env.pop("GITHUB_STEP_SUMMARY", None)
     results, summary = tmp_path / "results.json", tmp_path / "summary.md"
-    proc = subprocess.run([sys.executable, "-m", "reference.cli", "grade", "1", "--results",
+    proc = subprocess.run([sys.executable, "-m", "reference.cli", "grade", "--results",
                            str(results), "--summary", str(summary)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(results.read_text())
+    graded = {tag for t in data["tests"] for tag in t["tags"] if tag.startswith("lab")}
+    assert graded == set(lab_names()), f"labs missing from the grade: {set(lab_names()) - graded}"
     assert data["score"] == 0 and data["max_score"] > 0
-    assert all(t["status"] == "failed" for t in data["tests"])
+    assert all(t["status"] == "failed" for t in data["tests"] if "skipped" not in t["output"])
     assert "TODO(lab1.1)" in proc.stdout
     assert "Still to do" in summary.read_text()
