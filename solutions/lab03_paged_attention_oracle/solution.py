@@ -281,9 +281,10 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
     return m, l, acc
 
 
-def _paged_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
-                  alibi_slopes, compute_dtype):
-    """paged_decode in a given compute dtype (float64 for Task 2, float32 for Task 5)."""
+def _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale,
+                       alibi_slopes):
+    """Validates a paged decode call; returns (num_seqs, num_q_heads, block_size, head_size,
+    tables, lens) with tables/lens as checked int arrays."""
     num_blocks, num_kv_heads, block_size, head_size = check_kv_cache(key_cache, value_cache)
     check_float_array("query", query, 3, "[num_seqs, num_q_heads, head_size]")
     num_seqs, num_q_heads, _ = query.shape
@@ -294,6 +295,14 @@ def _paged_decode(query, key_cache, value_cache, block_tables, context_lens, sca
         raise ValueError(f"query has {num_seqs} sequences but block_tables has {tables.shape[0]} rows")
     check_alibi_slopes(alibi_slopes, num_q_heads)
     check_scale(scale)
+    return num_seqs, num_q_heads, block_size, head_size, tables, lens
+
+
+def _paged_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
+                  alibi_slopes, compute_dtype):
+    """paged_decode in a given compute dtype (float64 for Task 2, float32 for Task 5)."""
+    num_seqs, num_q_heads, block_size, head_size, tables, lens = _check_decode_args(
+        query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes)
     out = np.zeros((num_seqs, num_q_heads, head_size), dtype=compute_dtype)
     lse = np.full((num_seqs, num_q_heads), -np.inf, dtype=compute_dtype)
     for seq_idx in range(num_seqs):
@@ -468,16 +477,8 @@ def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_le
     Raises:
         TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size.
     """
-    num_blocks, num_kv_heads, block_size, head_size = check_kv_cache(key_cache, value_cache)
-    check_float_array("query", query, 3, "[num_seqs, num_q_heads, head_size]")
-    num_seqs, num_q_heads, _ = query.shape
-    check_head_size("query", query.shape[2], head_size)
-    check_heads(num_q_heads, num_kv_heads)
-    tables, lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
-    if tables.shape[0] != num_seqs:
-        raise ValueError(f"query has {num_seqs} sequences but block_tables has {tables.shape[0]} rows")
-    check_alibi_slopes(alibi_slopes, num_q_heads)
-    check_scale(scale)
+    num_seqs, num_q_heads, block_size, head_size, tables, lens = _check_decode_args(
+        query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes)
     if (isinstance(partition_size, bool) or not isinstance(partition_size, (int, np.integer))
             or partition_size <= 0 or partition_size % block_size):
         raise ValueError(f"partition_size must be a positive multiple of block_size={block_size}, "
