@@ -104,9 +104,11 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
         grid: grid dimensions (tuple of up to 3 ints).
         block: block dimensions (tuple of up to 3 ints).
         args: kernel arguments: :func:`ptr` pointers, ``np.int32`` / ``np.float32`` scalars.
-        shared_mem: dynamic shared memory in bytes (above 48 KiB the kernel's limit is raised).
+        shared_mem: dynamic shared memory in bytes (the kernel's limit is raised when needed).
     """
-    if shared_mem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_mem:
+    # NOTE: the default limit is 48 KiB minus the kernel's static shared memory, so a request of
+    # exactly 48 KiB already needs the raise when the kernel has any static arrays.
+    if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     with torch_stream():
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
