@@ -12,6 +12,7 @@ log-sum-exp -inf). The kernels are CUDA C++ in the ``.cu`` files beside this loa
     decode_v3.cu      4.3  split-K (flash-decoding) + decode_reduce.cu to merge the partials
     decode_v4.cu      4.4  16-byte vectors, tiles of rows in flight, staged block ids
     decode_v5.cu      4.5  v4's walk with both products on tensor cores (mma.sync m16n8k16)
+    decode_v6.cu      4.6  v5's math fed by a cp.async ring through shared memory (ldmatrix)
 
 Every launcher has one shape (the CuPy gemm example's)::
 
@@ -60,11 +61,22 @@ MAX_HEADS_PER_CTA = 8
 V4_TUNING: dict[str, int] = {}
 #: Head sizes the tensor-core kernel (v5) has code for.
 V5_HEAD_SIZES = (64, 128)
-#: paged_attention picks v5 from this group size up. Measured on an H200 (2026-11-22, the
-#: committed benchmark): v5 beats v4 with a group of 8 (50 % vs 36 % of the copy ceiling) but
-#: not with 4 (73 % vs 82 %) — v5 holds fewer loads in flight, and 4 heads still fit the CUDA
-#: cores' budget.
-V5_MIN_GROUP = 8
+#: v6: head sizes it has code for, the most query heads a CTA serves (one m16 tile), the depth
+#: of each warp's cp.async ring, and overrides for tuning sweeps (``NUM_WARPS``, ``NUM_STAGES``,
+#: ``MAX_HEADS_PER_CTA``).
+V6_HEAD_SIZES = (64, 128)
+V6_MAX_HEADS_PER_CTA = 16
+V6_NUM_STAGES = 3
+V6_TUNING: dict[str, int] = {}
+#: paged_attention picks v6 from this group size up (and v4 below it, or for head size 256).
+V6_MIN_GROUP = 1
+#: v6 stages a partition's block ids too, but its shared-memory table is sized for this many
+#: tokens, so its partitions may be longer than v4's.
+V6_MAX_PARTITION_SIZE = 4096
+#: v6's plan aims at one CTA per SM: each CTA keeps NUM_WARPS * (NUM_STAGES - 1) tiles in flight,
+#: and measured (H100, 2026-11-22) splitting further only added reduce traffic and tail effects:
+#: on V, 2 x 2048 tokens ran at 86 % of the copy ceiling, 16 x 256 at 77 %.
+V6_TARGET_CTAS_PER_SM = 1
 
 #: Split-K plan: partitions are multiples of PARTITION_ALIGN tokens, at most MAX_PARTITION_SIZE
 #: (v4 stages a partition's block ids in shared memory), and there are enough of them for
@@ -372,7 +384,8 @@ def paged_attention_v2(query, key_cache, value_cache, block_tables, context_lens
 
 
 def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int, *,
-                  block_size: int = 16) -> SplitKVPlan:
+                  block_size: int = 16, target_ctas_per_sm: int = TARGET_CTAS_PER_SM,
+                  max_partition_size: int = MAX_PARTITION_SIZE) -> SplitKVPlan:
     """Chooses how many partitions split-K cuts each context into, and how long they are.
 
     Without splitting the grid has ``num_seqs * num_kv_heads`` CTAs (one per sequence and KV
@@ -388,6 +401,10 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
         max_context_len: the longest context (tokens).
         num_sms: streaming multiprocessors of the device.
         block_size: tokens per KV block (8, 16 or 32).
+        target_ctas_per_sm: CTAs per SM the plan aims for (v6, whose CTAs each keep a deep
+            pipeline of loads in flight, wants 1).
+        max_partition_size: the longest partition the kernel can stage (a multiple of
+            PARTITION_ALIGN).
 
     Returns:
         The plan; ``num_partitions == 1`` means no split (and no reduce kernel).
@@ -397,8 +414,8 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
         ValueError: an argument is out of range.
     """
     # TODO(lab4.3): validate the arguments (check_int), then: partitions that would give
-    # TARGET_CTAS_PER_SM * num_sms CTAs; their length aligned to PARTITION_ALIGN (up, unless that
-    # loses a partition), clamped to [PARTITION_ALIGN, MAX_PARTITION_SIZE]; enough of them to
+    # target_ctas_per_sm * num_sms CTAs; their length aligned to PARTITION_ALIGN (up, unless that
+    # loses a partition), clamped to [PARTITION_ALIGN, max_partition_size]; enough of them to
     # cover max_context_len (at least 1).
     raise NotImplementedError("TODO(lab4.3): plan_split_kv — how split-K cuts the contexts")
 
@@ -422,13 +439,20 @@ def _check_plan(shape: DecodeShape, plan, max_context_len, max_size: int | None)
 def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_tables,
                      context_lens, scale, out, debug, max_context_len, plan, return_lse,
                      max_partition: int | None, tuning: dict | None = None,
-                     head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES):
-    """v3, v4 and v5 differ only in their kernel: validate, plan, launch, reduce when split."""
+                     head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES, shared_mem=None,
+                     plan_kwargs: dict | None = None):
+    """v3..v6 differ only in their kernel: validate, plan, launch, reduce when split.
+
+    ``shared_mem(shape, defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
+    ``plan_kwargs`` go to :func:`plan_split_kv`.
+    """
     # TODO(lab4.3): check_decode_args(..., check_device=False), _check_plan, check_on_cuda, then
-    # the plan (plan_split_kv with the device's SM count unless one was forced), the output, an
-    # lse buffer, the partial buffers when num_partitions > 1; launch the kernel on grid
-    # (num_seqs, num_q_heads // heads_per_cta(group), num_partitions), then the reduce kernel
-    # when the context was split.
+    # the plan (plan_split_kv with the device's SM count and plan_kwargs unless one was forced),
+    # the output, an lse buffer, the partial buffers when num_partitions > 1; launch the kernel
+    # on grid (num_seqs, num_q_heads // heads_per_cta(group), num_partitions) with shared_mem's
+    # bytes of dynamic shared memory (when given), then the reduce kernel when the context was
+    # split. Defines: HEADS_PER_CTA plus the tuning dict (its MAX_HEADS_PER_CTA caps
+    # heads_per_cta; its NUM_WARPS sets the CTA's threads).
     raise NotImplementedError("TODO(lab4.3): _split_kv_launch — split-K plan, kernel and merge")
 
 
@@ -481,28 +505,53 @@ def paged_attention_v5(query, key_cache, value_cache, block_tables, context_lens
                             return_lse, MAX_PARTITION_SIZE, None, V5_HEAD_SIZES)
 
 
-def _prefers_v5(query, key_cache) -> bool:
-    """A large GQA group and a head size v5 has code for (shapes only: the launcher validates)."""
-    # TODO(lab4.5): True when query / key_cache have 3 / 4 dimensions, the head size is one of
-    # V5_HEAD_SIZES and the group (num_q_heads // num_kv_heads) is at least V5_MIN_GROUP. Measure
-    # v4 and v5 on your GPU (pagedlab bench decode) and move V5_MIN_GROUP if they disagree.
-    raise NotImplementedError("TODO(lab4.5): _prefers_v5 — when paged_attention uses tensor cores")
+def _v6_ring_bytes(shape: DecodeShape, defines: dict) -> int:
+    """v6's dynamic shared memory: per warp, NUM_STAGES slots of a 16-token K tile and V tile."""
+    num_warps, num_stages = defines.get("NUM_WARPS", 4), defines.get("NUM_STAGES", V6_NUM_STAGES)
+    return num_warps * num_stages * 2 * 16 * shape.head_size * 2
+
+
+def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+    """Task 4.6: v5's tensor-core math fed by a cp.async pipeline through shared memory.
+
+    Args and Returns: as :func:`paged_attention_v4`; head sizes 64 and 128 only.
+    """
+    # TODO(lab4.6): write the kernel of decode_v6.cu, then delete the next line.
+    raise NotImplementedError("TODO(lab4.6): paged_attention_v6 — write decode_v6.cu's kernel")
+    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES,
+              "MAX_PARTITION_SIZE": V6_MAX_PARTITION_SIZE, **V6_TUNING}
+    return _split_kv_launch("decode_v6.cu", "paged_decode_v6", query, key_cache, value_cache,
+                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
+                            return_lse, V6_MAX_PARTITION_SIZE, tuning, V6_HEAD_SIZES,
+                            _v6_ring_bytes, {"target_ctas_per_sm": V6_TARGET_CTAS_PER_SM,
+                                             "max_partition_size": V6_MAX_PARTITION_SIZE})
+
+
+def _prefers_v6(query, key_cache) -> bool:
+    """A head size v6 has code for and a group of at least V6_MIN_GROUP (shapes only: the
+    launcher validates)."""
+    # TODO(lab4.6): True when query / key_cache have 3 / 4 dimensions, the head size is one of
+    # V6_HEAD_SIZES and the group (num_q_heads // num_kv_heads) is at least V6_MIN_GROUP. Measure
+    # v4 and v6 on your GPU (pagedlab bench decode) and move V6_MIN_GROUP if they disagree.
+    raise NotImplementedError("TODO(lab4.6): _prefers_v6 — when paged_attention uses v6")
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
                     max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
-    """The production entry point: v5 on tensor cores for groups of 8 or more, v4 otherwise.
+    """The production entry point: v6 (pipelined tensor cores) where it has code, else v4.
 
-    Every CUDA-core multiply-add of v4 grows with the group; v5's tensor cores do not care, but
-    v5 keeps fewer bytes in flight. Measured, v4 wins up to a group of 4 (it streams MHA at the
-    copy ceiling) and v5 wins at 8: see V5_MIN_GROUP and the handout's table.
+    v4's CUDA-core multiply-adds grow with the GQA group and cap it below the copy ceiling from
+    a group of 4 on fast HBM; v6's tensor cores do not care, and its cp.async ring keeps enough
+    bytes in flight to match v4 even on MHA. Head size 256 goes to v4.
 
     Args and Returns: as :func:`paged_attention_v4`.
     """
-    fn = paged_attention_v5 if _prefers_v5(query, key_cache) else paged_attention_v4
+    fn = paged_attention_v6 if _prefers_v6(query, key_cache) else paged_attention_v4
     return fn(query, key_cache, value_cache, block_tables, context_lens, scale,
               max_context_len=max_context_len, plan=plan, return_lse=return_lse, out=out,
               debug=debug)
+
 
 #: Every kernel version, in the order of the journey (benchmarks and tests iterate over it).
 KERNELS = {
@@ -513,4 +562,5 @@ KERNELS = {
     "v3": paged_attention_v3,
     "v4": paged_attention_v4,
     "v5": paged_attention_v5,
+    "v6": paged_attention_v6,
 }

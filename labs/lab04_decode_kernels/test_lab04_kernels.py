@@ -27,7 +27,7 @@ from reference.paths import REPO_ROOT
 pytestmark = pytest.mark.skipif(gpu_skip_reason() is not None,
                                 reason=f"GPU-REQ: {gpu_skip_reason()}")
 
-VERSIONS = ["v1", "v2", "v3", "v4", "v5"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6"]
 
 
 def run(impl, version, case: GpuCase, *, poisoned_out=True, **kwargs):
@@ -64,15 +64,16 @@ def test_bfloat16_cache(impl, version):
 
 
 SIZE_CASES = ([("v4", d, b) for d in (64, 128, 256) for b in (8, 16, 32)]
-              + [("v5", d, b) for d in (64, 128) for b in (8, 16, 32)]
+              + [(v, d, b) for v in ("v5", "v6") for d in (64, 128) for b in (8, 16, 32)]
               + [(v, d, b) for v in ("v1", "v2", "v3") for d, b in ((64, 8), (128, 16), (256, 32))])
 
 
 @pytest.mark.points(3)
 @pytest.mark.parametrize("version, head_size, block_size", SIZE_CASES)
 def test_head_and_block_sizes(impl, version, head_size, block_size):
-    """Head sizes 64/128/256 and block sizes 8/16/32 (every pair for v4; v5 has no 256): each
-    compiles its own kernel, with its own vector width and rows per load; all match the oracle."""
+    """Head sizes 64/128/256 and block sizes 8/16/32 (every pair for v4; v5 and v6 have no
+    256): each compiles its own kernel, with its own vector width and rows per load; all match
+    the oracle."""
     case = GpuCase(31 + head_size + block_size, [1, block_size - 1, block_size + 1, 150, 77],
                    8, 2, head_size, block_size)
     assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
@@ -106,7 +107,7 @@ def test_zero_length_sequences_follow_the_lab3_contract(impl, version):
     neighbours are unaffected; a batch of only empty sequences is all zeros."""
     for case in (GpuCase(51, [0, 5, 0, 40], 8, 2, 128, 16), GpuCase(52, [0, 0], 4, 4, 64, 8)):
         zeros = [s for s, n in enumerate(case.host_lens) if n == 0]
-        kwargs = {"return_lse": True} if version in ("v3", "v4", "v5") else {}
+        kwargs = {"return_lse": True} if version in ("v3", "v4", "v5", "v6") else {}
         got = run(impl, version, case, **kwargs)
         lse = None
         if kwargs:
@@ -133,7 +134,7 @@ def test_gqa_groups(impl, version, num_q_heads, num_kv_heads):
 
 
 @pytest.mark.points(3)
-@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 def test_split_k_partitions_merge_exactly(impl, version):
     """Split-K: many partitions (forced plan of 64-token partitions, sharp softmax so partition
     maxima differ a lot) and the automatic plan for two long sequences merge to the oracle's
@@ -281,7 +282,7 @@ RACECHECK_SCRIPT = textwrap.dedent("""
     impl = load_impl("lab04_decode_kernels")
     case = GpuCase(131, [70, 33, 0], 8, 2, 64, 16)
     for name, fn in impl.KERNELS.items():
-        kwargs = {"plan": impl.SplitKVPlan(2, 64), "max_context_len": 128} if name in ("v3", "v4", "v5") else {}
+        kwargs = {"plan": impl.SplitKVPlan(2, 64), "max_context_len": 128} if name in ("v3", "v4", "v5", "v6") else {}
         fn(*case.args(), case.scale, **kwargs)
         fn(*case.args(), case.scale)
         torch.cuda.synchronize()
@@ -321,8 +322,8 @@ def test_no_shared_memory_race_under_racecheck(impl):
 @pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(8, 8, 128), (8, 2, 128),
                                                                   (8, 2, 256)])
 def test_production_entry_point(impl, num_q_heads, num_kv_heads, head_size):
-    """paged_attention (its choice of kernel: v4 here; v5 from a group of 8) matches the oracle,
-    output and log-sum-exp."""
+    """paged_attention (its choice of kernel: v6 for head sizes 64 and 128, v4 for 256) matches
+    the oracle, output and log-sum-exp."""
     import torch
 
     case = GpuCase(141 + head_size, [1, 77, 0, 300], num_q_heads, num_kv_heads, head_size, 16)

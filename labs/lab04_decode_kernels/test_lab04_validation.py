@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from reference.errors import DeviceMismatchError, UnsupportedConfigError
 from reference.layout import PAD_BLOCK_ID
 
-VERSIONS = ["naive", "v0", "v1", "v2", "v3", "v4", "v5"]
+VERSIONS = ["naive", "v0", "v1", "v2", "v3", "v4", "v5", "v6"]
 
 
 def cpu_batch(num_seqs=3, num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
@@ -191,13 +191,14 @@ def test_v0_refuses_tables_longer_than_its_shared_memory(impl):
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, expected", [
-    (8, 8, 128, "v4"), (8, 2, 128, "v4"), (16, 2, 128, "v5"), (64, 8, 64, "v5"),
-    (16, 2, 256, "v4")])
+    (8, 8, 128, "v6"), (8, 2, 128, "v6"), (16, 2, 128, "v6"), (64, 8, 64, "v6"),
+    (16, 2, 256, "v4"), (8, 8, 256, "v4")])
 def test_paged_attention_dispatch(impl, monkeypatch, num_q_heads, num_kv_heads, head_size,
                                   expected):
-    """paged_attention hands MHA, small groups and head size 256 to v4, groups of 8+ to v5."""
+    """paged_attention hands head sizes 64 and 128 to v6 (MHA and every GQA group) and head
+    size 256, which v6 has no code for, to v4."""
     called = []
-    for version in ("v4", "v5"):
+    for version in ("v4", "v5", "v6"):
         monkeypatch.setattr(impl, f"paged_attention_{version}",
                             lambda *a, _v=version, **k: called.append(_v))
     impl.paged_attention(**cpu_batch(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -207,11 +208,13 @@ def test_paged_attention_dispatch(impl, monkeypatch, num_q_heads, num_kv_heads, 
 
 @pytest.mark.points(1)
 def test_v5_refuses_head_size_256_and_paged_attention_falls_back(impl):
-    """v5's tensor-core tiles exist for head sizes 64 and 128: 256 is an UnsupportedConfigError
-    before the device check, and paged_attention then uses v4 (reaching the device check)."""
+    """v5's and v6's tensor-core tiles exist for head sizes 64 and 128: 256 is an
+    UnsupportedConfigError before the device check, and paged_attention then uses v4 (reaching
+    the device check)."""
     batch = cpu_batch(head_size=256)
-    with pytest.raises(UnsupportedConfigError, match="head_size"):
-        call(impl, batch, "v5")
+    for version in ("v5", "v6"):
+        with pytest.raises(UnsupportedConfigError, match="head_size"):
+            call(impl, batch, version)
     with pytest.raises(DeviceMismatchError):
         impl.paged_attention(**batch)
     with pytest.raises(DeviceMismatchError):
@@ -281,10 +284,27 @@ def test_split_plan_rejects_bad_arguments(impl, args, error, name):
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+@pytest.mark.parametrize("num_seqs, num_kv_heads, max_len, expected", [
+    (8, 8, 4096, (3, 1536)), (64, 8, 4096, (1, 4096)), (4, 8, 32768, (8, 4096)),
+    (128, 8, 8192, (2, 4096))])
+def test_split_plan_takes_the_kernels_target_and_cap(impl, num_seqs, num_kv_heads, max_len,
+                                                     expected):
+    """v6 asks for one CTA per SM and partitions up to 4096 tokens: the plan honours both
+    keywords (and still refuses a cap that is not a multiple of PARTITION_ALIGN)."""
+    plan = impl.plan_split_kv(num_seqs, num_kv_heads, max_len, 132, block_size=16,
+                              target_ctas_per_sm=1, max_partition_size=4096)
+    assert (plan.num_partitions, plan.partition_size) == expected, plan
+    with pytest.raises(ValueError, match="max_partition_size"):
+        impl.plan_split_kv(4, 8, 100, 132, max_partition_size=1000)
+    with pytest.raises(ValueError, match="target_ctas_per_sm"):
+        impl.plan_split_kv(4, 8, 100, 132, target_ctas_per_sm=0)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 def test_forced_plan_is_checked_before_launch(impl, version):
     """A plan passed in must be a SplitKVPlan of whole tiles covering max_context_len (and, for
-    v4 and v5, partitions they can stage); it is refused before the device check."""
+    v4..v6, partitions they can stage); it is refused before the device check."""
     batch = cpu_batch()
     bad = [impl.SplitKVPlan(1, 100), impl.SplitKVPlan(1, 32), impl.SplitKVPlan(2, 64)]
     for plan in bad:
@@ -292,9 +312,10 @@ def test_forced_plan_is_checked_before_launch(impl, version):
             call(impl, batch, version, plan=plan, max_context_len=200)
     with pytest.raises(TypeError, match="plan"):
         call(impl, batch, version, plan=(2, 64), max_context_len=64)
-    if version in ("v4", "v5"):
+    if version in ("v4", "v5", "v6"):
+        too_long = 2 * (impl.V6_MAX_PARTITION_SIZE if version == "v6" else impl.MAX_PARTITION_SIZE)
         with pytest.raises(ValueError, match="plan"):
-            call(impl, batch, version, plan=impl.SplitKVPlan(1, 2048), max_context_len=64)
+            call(impl, batch, version, plan=impl.SplitKVPlan(1, too_long), max_context_len=64)
     with pytest.raises(DeviceMismatchError):
         call(impl, batch, version, plan=impl.SplitKVPlan(4, 64), max_context_len=200)
 
