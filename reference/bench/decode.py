@@ -8,8 +8,8 @@ For each workload of ``reference/decode_workloads.py`` it measures, in this orde
 * gather the pages into contiguous K/V, then SDPA (the "just use torch" baseline);
 * FlashInfer's batch decode, CUDA-core and tensor-core paths, when FlashInfer imports;
 * the naive baseline and every kernel version of the lab (``LAB_IMPL`` picks starter or
-  solution), and ``paged_attention``, the production entry point (v5 for GQA, else v4);
-  ``--variants`` adds a few compile-time variants of v4.
+  solution), and ``paged_attention``, the production entry point (v6, or v4 for head size 256);
+  ``--variants`` adds a few compile-time variants of v4 and v6; ``--methods`` picks versions.
 
 Bytes counted = the K and V rows of every cached token (sum of context_lens x kv heads x head
 size x 2 bytes x 2) + the query + the output. Each method's output is compared with SDPA's.
@@ -33,14 +33,25 @@ from reference.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SW
 from reference.loader import describe_impl, load_impl
 
 LAB = "lab04_decode_kernels"
-VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4", "v5")
-SPLIT_K = ("v3", "v4", "v5", "paged_attention")
+VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4", "v5", "v6")
+SPLIT_K = ("v3", "v4", "v5", "v6", "paged_attention")
 #: v4 compile-time variants measured beside the default (see solution.V4_TUNING).
 V4_VARIANTS = (
     {"VECS_PER_LANE": 8},
     {"NUM_WARPS": 8},
     {"MAX_HEADS_PER_CTA": 4},
     {"MAX_HEADS_PER_CTA": 2, "VECS_PER_LANE": 8},
+)
+#: v6 variants: compile-time options (solution.V6_TUNING) and PARTITION, a forced split-K
+#: partition length in tokens.
+V6_VARIANTS = (
+    {"NUM_STAGES": 2},
+    {"NUM_STAGES": 4},
+    {"NUM_WARPS": 8},
+    {"NUM_WARPS": 2},
+    {"PARTITION": 1024},
+    {"PARTITION": 2048},
+    {"NUM_STAGES": 2, "PARTITION": 2048},
 )
 ERR_LIMIT = 2e-2  # max |out - SDPA| accepted for fp16 (both round to fp16)
 
@@ -138,8 +149,9 @@ def max_err(out, ref) -> float:
     return float("nan") if not torch.isfinite(out.float()).all() else float(diff.max())
 
 
-def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) -> list[dict]:
-    """Every method on one workload; returns one row per method."""
+def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
+                 only: list[str] | None = None) -> list[dict]:
+    """Every method (or the kernel versions in ``only``) on one workload; one row per method."""
     import torch
 
     batch = build_batch(w)
@@ -155,7 +167,7 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) ->
         methods += [(name, fn, why) for name, (fn, why) in flashinfer_fns(fi, batch, w).items()]
     for version in (*VERSIONS, "paged_attention"):
         fn = impl.KERNELS.get(version) or getattr(impl, version, None)
-        if fn is None:
+        if fn is None or (only is not None and version not in only):
             continue
         kwargs = {"max_context_len": max_len} if version in SPLIT_K else {}
         methods.append((version, lambda fn=fn, kw=kwargs: fn(*args, batch["scale"], **kw), None))
@@ -175,6 +187,8 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) ->
 
             label = "v4 " + ",".join(f"{k.lower()}={v}" for k, v in tuning.items())
             methods.append((label, run_variant, None))
+    if variants and hasattr(impl, "V6_TUNING"):
+        methods += v6_variants(impl, w, args, batch["scale"], max_len)
 
     rows, ref = [], None
     for name, fn, why in methods:
@@ -196,19 +210,52 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool) ->
         print(f"  {w.name:3s} {name:28s} "
               + (f"{row['us']:10.1f} us {row['pct_ceiling']:6.1f} %  err {row['max_err']:.1e}  ({row['timing']})"
                  if "us" in row else row.get("note", "")), flush=True)
-    try:
-        plan = impl.plan_split_kv(w.num_seqs, w.num_kv_heads, max_len,
-                                  torch.cuda.get_device_properties(0).multi_processor_count,
-                                  block_size=w.block_size)
-        for row in rows:
-            if row["method"] in SPLIT_K:
-                row["plan"] = f"{plan.num_partitions} x {plan.partition_size}"
-    except NotImplementedError:
-        pass  # a starter without its plan yet
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for row in rows:
+        if row["method"] in SPLIT_K:
+            row["plan"] = plan_label(impl, row["method"], w, batch, max_len, num_sms)
     _add_ratios(rows)
     del batch, args, methods, ref
     torch.cuda.empty_cache()
     return rows
+
+
+def plan_label(impl, method: str, w: DecodeWorkload, batch: dict, max_len: int,
+               num_sms: int) -> str | None:
+    """The split-K plan a launcher chose, as "partitions x tokens" (v6 plans with its own
+    target and cap; paged_attention with its kernel's)."""
+    try:
+        uses_v6 = method == "v6" or (method == "paged_attention" and hasattr(impl, "_prefers_v6")
+                                     and impl._prefers_v6(batch["query"], batch["key_cache"]))
+        kwargs = ({"target_ctas_per_sm": impl.V6_TARGET_CTAS_PER_SM,
+                   "max_partition_size": impl.V6_MAX_PARTITION_SIZE} if uses_v6 else {})
+        plan = impl.plan_split_kv(w.num_seqs, w.num_kv_heads, max_len, num_sms,
+                                  block_size=w.block_size, **kwargs)
+    except NotImplementedError:
+        return None  # a starter without its plan (or its dispatch) yet
+    return f"{plan.num_partitions} x {plan.partition_size}"
+
+
+def v6_variants(impl, w: DecodeWorkload, args, scale: float, max_len: int) -> list:
+    """(label, fn, None) for each of V6_VARIANTS that applies to the workload."""
+    out = []
+    for tuning in V6_VARIANTS:
+        tuning = dict(tuning)
+        size = tuning.pop("PARTITION", None)
+        plan = None if size is None else impl.SplitKVPlan(-(-max_len // size), size)
+
+        def run_variant(tuning=tuning, plan=plan):
+            impl.V6_TUNING.clear()
+            impl.V6_TUNING.update(tuning)
+            try:
+                return impl.paged_attention_v6(*args, scale, max_context_len=max_len, plan=plan)
+            finally:
+                impl.V6_TUNING.clear()
+
+        label = "v6 " + ",".join([f"{k.lower()}={v}" for k, v in tuning.items()]
+                                 + ([f"partition={size}"] if size else []))
+        out.append((label, run_variant, None))
+    return out
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -240,7 +287,7 @@ def run_sweep(impl, fi) -> list[dict]:
         fns = {"sdpa (contiguous)": sdpa_fn(batch, w, gather=False)}
         if fi is not None:
             fns.update({k: f for k, (f, _) in flashinfer_fns(fi, batch, w).items() if f is not None})
-        for version in ("v1", "v2", "v3", "v4", "v5"):
+        for version in ("v1", "v2", "v3", "v4", "v5", "v6"):
             if version not in impl.KERNELS:
                 continue
             kw = {"max_context_len": ctx} if version in SPLIT_K else {}
@@ -280,26 +327,29 @@ def plot(payload: dict, path) -> None:
     plt = try_pyplot()
     if plt is None:
         return
-    rows = [r for r in payload["rows"] if "pct_ceiling" in r and not r["method"].startswith("v4 ")]
+    rows = [r for r in payload["rows"]  # tuning variants stay in the table, out of the plot
+            if "pct_ceiling" in r and not r["method"].startswith(("v4 ", "v6 "))]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.6), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / max(1, len(methods))
+    colors = plt.get_cmap("tab20").colors  # one colour per method: the default cycle has 10
     for i, m in enumerate(methods):
         ys = [next((r["pct_ceiling"] for r in rows if r["workload"] == wl and r["method"] == m), 0)
               for wl in workloads]
-        ax1.bar(np.arange(len(workloads)) + i * width, ys, width, label=m)
+        ax1.bar(np.arange(len(workloads)) + i * width, ys, width, label=m,
+                color=colors[i % len(colors)])
     ax1.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads)
     ax1.set_ylabel("% of device copy ceiling")
     ax1.set_ylim(0, 110)
     ax1.axhline(100, color="gray", lw=0.8, ls="--")
-    ax1.legend(fontsize=7, ncol=2)
+    ax1.legend(fontsize=7, ncol=7, loc="upper center", bbox_to_anchor=(0.5, -0.07))
     m = payload["machine"]
     ax1.set_title(f"decode, fp16, head 128, block 16 — {m.get('device')} {m.get('date')}", fontsize=9)
     sweep = [r for r in payload.get("sweep", []) if "gbps" in r]
-    for name in dict.fromkeys(r["method"] for r in sweep):
+    for i, name in enumerate(dict.fromkeys(r["method"] for r in sweep)):
         pts = [(r["context_len"], r["gbps"]) for r in sweep if r["method"] == name]
-        ax2.plot(*zip(*pts), marker="o", label=name)
+        ax2.plot(*zip(*pts), marker="o", label=name, color=colors[i % len(colors)])
     ax2.axhline(payload["copy_ceiling_gbps"], color="gray", lw=0.8, ls="--", label="copy ceiling")
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("context length (16 seqs, 32q/8kv)")
@@ -319,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedlab bench decode", description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=[w.name for w in DECODE_WORKLOADS])
     parser.add_argument("--no-sweep", action="store_true", help="skip the context-length sweep")
-    parser.add_argument("--variants", action="store_true", help="also time v4's tuning variants")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time v4's and v6's tuning variants")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="time only these kernel versions (e.g. v4 v6 paged_attention); the "
+                             "references (SDPA, FlashInfer) always run")
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for decode.json / .png")
     args = parser.parse_args(argv)
@@ -337,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for w in DECODE_WORKLOADS:
         if w.name in args.workloads:
-            rows += run_workload(w, impl, fi, ceiling, args.variants)
+            rows += run_workload(w, impl, fi, ceiling, args.variants, args.methods)
             # NOTE: written after every workload, so a run cut short still leaves its figures.
             write_results("decode", {"implementation": describe_impl(), "copy_ceiling_gbps": ceiling,
                                      "rows": rows, "partial": True}, args.out)
