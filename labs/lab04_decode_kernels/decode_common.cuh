@@ -1,5 +1,6 @@
 // Shared pieces of the Lab 4 decode kernels: the element type, conversions, 16-byte vectors,
-// warp reductions and the one address formula of the paged KV cache.
+// warp reductions, the one address formula of the paged KV cache, and the warp merge that ends
+// every split-K kernel from v4 on (you wrote it yourself in v1..v3).
 //
 // Every kernel is compiled once per configuration with -D options chosen by the Python loader
 // (the defaults below are what `pagedlab compile` checks):
@@ -115,4 +116,62 @@ __device__ __forceinline__ long long kv_offset(int block, int num_kv_heads, int 
                                                int col) {
   return (long long)block * num_kv_heads * (BLOCK_SIZE * HEAD_SIZE) +
          (long long)(kv_head * BLOCK_SIZE + row) * HEAD_SIZE + col;
+}
+
+// Two floats -> one register of two 16-bit elements (lo in the low half): the A operand of a
+// tensor-core product built from fp32 values (v5, v6).
+__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+
+// The last step of the split-K kernels v4..v6: merge the partial softmax states of a CTA's
+// NUM_WARPS_ warps and write them out. Warp w left, for each of the CTA's HEADS query heads h,
+// its max in s_m[w * HEADS + h], its sum in s_l[...] and its accumulator row in
+// s_acc[(w * HEADS + h) * HEAD_SIZE ...] (all in shared memory, behind a __syncthreads()).
+// Unsplit (num_partitions == 1) the output and the log-sum-exp are final; split, the
+// partition's (m, l, acc) go to decode_reduce.cu. Each thread finishes 4 consecutive elements.
+// `sh0` is the flat (sequence, head) index of the CTA's first head: seq * num_q_heads + head0.
+template <int NUM_WARPS_, int HEADS, int THREADS>
+__device__ __forceinline__ void merge_warps_and_store(
+    const float* s_m, const float* s_l, const float* s_acc,
+    scalar_t* __restrict__ out,       // [num_seqs, num_q_heads, head_size]
+    float* __restrict__ lse,          // [num_seqs, num_q_heads] or null; natural log
+    float* __restrict__ part_m,       // [num_seqs, num_q_heads, num_partitions]
+    float* __restrict__ part_l,       // [num_seqs, num_q_heads, num_partitions]
+    float* __restrict__ part_acc,     // [num_seqs, num_q_heads, num_partitions, head_size]
+    long long sh0, int num_partitions, int part) {
+  for (int i = threadIdx.x; i < HEADS * HEAD_SIZE / 4; i += THREADS) {
+    const int h = (4 * i) / HEAD_SIZE;
+    const int d = (4 * i) % HEAD_SIZE;
+    float m_all = neg_inf();
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS_; ++w) m_all = fmaxf(m_all, s_m[w * HEADS + h]);
+    float l_all = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS_; ++w) {
+      const float f = rescale(s_m[w * HEADS + h], m_all);  // a warp that saw no token: f = 0
+      l_all += f * s_l[w * HEADS + h];
+      const float4 a = *reinterpret_cast<const float4*>(&s_acc[(w * HEADS + h) * HEAD_SIZE + d]);
+      o[0] += f * a.x; o[1] += f * a.y; o[2] += f * a.z; o[3] += f * a.w;
+    }
+    const long long sh = sh0 + h;
+    if (num_partitions == 1) {
+      const float inv = l_all > 0.f ? 1.f / l_all : 0.f;  // empty sequence: exactly 0
+#pragma unroll
+      for (int e = 0; e < 4; ++e) from_float(out + sh * HEAD_SIZE + d + e, o[e] * inv);
+      if (lse != nullptr && d == 0) lse[sh] = l_all > 0.f ? (m_all + log2f(l_all)) * LN2 : neg_inf();
+    } else {
+      *reinterpret_cast<float4*>(&part_acc[(sh * num_partitions + part) * HEAD_SIZE + d]) =
+          make_float4(o[0], o[1], o[2], o[3]);
+      if (d == 0) {
+        part_m[sh * num_partitions + part] = m_all;
+        part_l[sh * num_partitions + part] = l_all;
+      }
+    }
+  }
 }

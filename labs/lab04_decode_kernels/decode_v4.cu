@@ -55,6 +55,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v4(
   //     Per tile of TILE_ROWS rows: first issue ALL VECS_PER_LANE K and V loads (uint4, 64-bit
   //     offsets), then scores (dot of 8, group_sum<LPR>), one online-softmax rescale per tile
   //     (max over the tile's rows: local, then shuffles over the row groups), then acc += p * v.
-  //  3. Sum l and acc over the row groups, __syncthreads() before s_buf is reused, merge the
-  //     warps as in v3 and write the output or the partial state.
+  //  3. Sum l and acc over the row groups, __syncthreads() before s_buf is reused, leave each
+  //     warp's (m, l, acc) in s_m, s_l, s_buf, __syncthreads(), then merge_warps_and_store
+  //     (decode_common.cuh: v3's merge, 4 elements per thread) writes the output or the
+  //     partial state.
 }

@@ -53,16 +53,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-// Two floats -> one register of two 16-bit elements (lo in the low half).
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -88,5 +78,5 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v5(
   //  V rows t0 + {2t, 2t+1, 2t+8, 2t+9} (columns 64h + 8g); S = Q K^T with mma_16816 (two n8
   //  tiles of tokens); scale, mask past `end`, online softmax for head g (max over the 4 lanes of
   //  the group: xor 1, 2); pack P with pack2 (it is already the A fragment); O += P V with the
-  //  B fragments made by __byte_perm of two V rows' words. Then merge the warps as in v4.
+  //  B fragments made by __byte_perm of two V rows' words. Then merge the warps as v4 does.
 }

@@ -95,16 +95,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats -> one register of two 16-bit elements (lo in the low half).
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-
 // ----------------------------------------------------------------------------- the pipeline
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
@@ -159,5 +149,5 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v6(
   //  tokens 0-7 / 8-15 x chunks 2kk, 2kk+1 of the swizzled K tile), online softmax per head row
   //  (g, and g + 8 when HEADS_PER_CTA > 8), P packed as the A fragment, O += P V with one
   //  ldmatrix_x4_trans per pair of n8 output tiles. Finally cp_async_wait<0>(), __syncthreads(),
-  //  reuse the ring as s_acc and merge the warps as v5 does.
+  //  reuse the ring as s_acc and merge the warps as v4 and v5 do.
 }

@@ -199,34 +199,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v4(
   }
   __syncthreads();
 
-  // Merge the warps: each thread finishes 4 consecutive elements of one head.
-  for (int i = threadIdx.x; i < HEADS_PER_CTA * HEAD_SIZE / 4; i += NUM_THREADS) {
-    const int h = (4 * i) / HEAD_SIZE;
-    const int d = (4 * i) % HEAD_SIZE;
-    float m_all = neg_inf();
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) m_all = fmaxf(m_all, s_m[w][h]);
-    float l_all = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) {
-      const float f = rescale(s_m[w][h], m_all);  // a warp that saw no row has m = -inf: f = 0
-      l_all += f * s_l[w][h];
-      const float4 a = *reinterpret_cast<const float4*>(&s_buf[(w * HEADS_PER_CTA + h) * HEAD_SIZE + d]);
-      o[0] += f * a.x; o[1] += f * a.y; o[2] += f * a.z; o[3] += f * a.w;
-    }
-    const long long sh = (long long)seq * num_q_heads + q_head0 + h;
-    if (num_partitions == 1) {
-      const float inv = l_all > 0.f ? 1.f / l_all : 0.f;  // empty sequence: exactly 0
-#pragma unroll
-      for (int e = 0; e < 4; ++e) from_float(out + sh * HEAD_SIZE + d + e, o[e] * inv);
-      if (lse != nullptr && d == 0) lse[sh] = l_all > 0.f ? (m_all + log2f(l_all)) * LN2 : neg_inf();
-    } else {
-      *reinterpret_cast<float4*>(&part_acc[(sh * num_partitions + part) * HEAD_SIZE + d]) =
-          make_float4(o[0], o[1], o[2], o[3]);
-      if (d == 0) {
-        part_m[sh * num_partitions + part] = m_all;
-        part_l[sh * num_partitions + part] = l_all;
-      }
-    }
-  }
+  merge_warps_and_store<NUM_WARPS, HEADS_PER_CTA, NUM_THREADS>(
+      &s_m[0][0], &s_l[0][0], s_buf, out, lse, part_m, part_l, part_acc,
+      (long long)seq * num_q_heads + q_head0, num_partitions, part);
 }

@@ -53,16 +53,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-// Two floats -> one register of two 16-bit elements (lo in the low half).
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __half*) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-__device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat16*) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -223,33 +213,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v5(
   }
   __syncthreads();
 
-  for (int i = threadIdx.x; i < HEADS_PER_CTA * HEAD_SIZE / 4; i += NUM_THREADS) {
-    const int hd = (4 * i) / HEAD_SIZE;
-    const int d = (4 * i) % HEAD_SIZE;
-    float m_all = neg_inf();
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) m_all = fmaxf(m_all, s_m[w][hd]);
-    float l_all = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) {
-      const float f = rescale(s_m[w][hd], m_all);  // a warp that saw no token has m = -inf: f = 0
-      l_all += f * s_l[w][hd];
-      const float4 a = *reinterpret_cast<const float4*>(&s_acc[(w * HEADS_PER_CTA + hd) * HEAD_SIZE + d]);
-      acc[0] += f * a.x; acc[1] += f * a.y; acc[2] += f * a.z; acc[3] += f * a.w;
-    }
-    const long long sh = (long long)seq * num_q_heads + q_head0 + hd;
-    if (num_partitions == 1) {
-      const float inv = l_all > 0.f ? 1.f / l_all : 0.f;  // empty sequence: exactly 0
-#pragma unroll
-      for (int e = 0; e < 4; ++e) from_float(out + sh * HEAD_SIZE + d + e, acc[e] * inv);
-      if (lse != nullptr && d == 0) lse[sh] = l_all > 0.f ? (m_all + log2f(l_all)) * LN2 : neg_inf();
-    } else {
-      *reinterpret_cast<float4*>(&part_acc[(sh * num_partitions + part) * HEAD_SIZE + d]) =
-          make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) {
-        part_m[sh * num_partitions + part] = m_all;
-        part_l[sh * num_partitions + part] = l_all;
-      }
-    }
-  }
+  merge_warps_and_store<NUM_WARPS, HEADS_PER_CTA, NUM_THREADS>(
+      &s_m[0][0], &s_l[0][0], s_acc, out, lse, part_m, part_l, part_acc,
+      (long long)seq * num_q_heads + q_head0, num_partitions, part);
 }
