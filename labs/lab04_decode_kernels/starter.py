@@ -440,19 +440,22 @@ def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_
                      context_lens, scale, out, debug, max_context_len, plan, return_lse,
                      max_partition: int | None, tuning: dict | None = None,
                      head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES, shared_mem=None,
-                     plan_kwargs: dict | None = None):
+                     target_ctas_per_sm: int = TARGET_CTAS_PER_SM):
     """v3..v6 differ only in their kernel: validate, plan, launch, reduce when split.
 
-    ``shared_mem(shape, defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
-    ``plan_kwargs`` go to :func:`plan_split_kv`.
+    ``max_partition`` (None: v3, no cap of its own) is the longest partition the kernel stages:
+    it caps the plan and reaches the kernel as -DMAX_PARTITION_SIZE. ``shared_mem(shape,
+    defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
+    ``target_ctas_per_sm`` goes to :func:`plan_split_kv`.
     """
     # TODO(lab4.3): check_decode_args(..., check_device=False), _check_plan, check_on_cuda, then
-    # the plan (plan_split_kv with the device's SM count and plan_kwargs unless one was forced),
+    # the plan (plan_split_kv with the device's SM count, target_ctas_per_sm and max_partition as
+    # its max_partition_size — MAX_PARTITION_SIZE when None — unless one was forced),
     # the output, an lse buffer, the partial buffers when num_partitions > 1; launch the kernel
     # on grid (num_seqs, num_q_heads // heads_per_cta(group), num_partitions) with shared_mem's
     # bytes of dynamic shared memory (when given), then the reduce kernel when the context was
-    # split. Defines: HEADS_PER_CTA plus the tuning dict (its MAX_HEADS_PER_CTA caps
-    # heads_per_cta; its NUM_WARPS sets the CTA's threads).
+    # split. Defines: HEADS_PER_CTA, MAX_PARTITION_SIZE (= max_partition, when given) plus the
+    # tuning dict (its MAX_HEADS_PER_CTA caps heads_per_cta; its NUM_WARPS sets the threads).
     raise NotImplementedError("TODO(lab4.3): _split_kv_launch — split-K plan, kernel and merge")
 
 
@@ -507,8 +510,8 @@ def paged_attention_v5(query, key_cache, value_cache, block_tables, context_lens
 
 def _v6_ring_bytes(shape: DecodeShape, defines: dict) -> int:
     """v6's dynamic shared memory: per warp, NUM_STAGES slots of a 16-token K tile and V tile."""
-    num_warps, num_stages = defines.get("NUM_WARPS", 4), defines.get("NUM_STAGES", V6_NUM_STAGES)
-    return num_warps * num_stages * 2 * 16 * shape.head_size * 2
+    num_warps = defines.get("NUM_WARPS", NUM_THREADS // 32)
+    return num_warps * defines["NUM_STAGES"] * 2 * 16 * shape.head_size * 2
 
 
 def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
@@ -519,13 +522,11 @@ def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens
     """
     # TODO(lab4.6): write the kernel of decode_v6.cu, then delete the next line.
     raise NotImplementedError("TODO(lab4.6): paged_attention_v6 — write decode_v6.cu's kernel")
-    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES,
-              "MAX_PARTITION_SIZE": V6_MAX_PARTITION_SIZE, **V6_TUNING}
+    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES, **V6_TUNING}
     return _split_kv_launch("decode_v6.cu", "paged_decode_v6", query, key_cache, value_cache,
                             block_tables, context_lens, scale, out, debug, max_context_len, plan,
                             return_lse, V6_MAX_PARTITION_SIZE, tuning, V6_HEAD_SIZES,
-                            _v6_ring_bytes, {"target_ctas_per_sm": V6_TARGET_CTAS_PER_SM,
-                                             "max_partition_size": V6_MAX_PARTITION_SIZE})
+                            _v6_ring_bytes, V6_TARGET_CTAS_PER_SM)
 
 
 def _prefers_v6(query, key_cache) -> bool:

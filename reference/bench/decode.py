@@ -171,24 +171,9 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
             continue
         kwargs = {"max_context_len": max_len} if version in SPLIT_K else {}
         methods.append((version, lambda fn=fn, kw=kwargs: fn(*args, batch["scale"], **kw), None))
-    if variants and hasattr(impl, "V4_TUNING"):
-        for tuning in V4_VARIANTS:
-            group = w.num_q_heads // w.num_kv_heads
-            if "MAX_HEADS_PER_CTA" in tuning and impl.heads_per_cta(group) <= tuning["MAX_HEADS_PER_CTA"]:
-                continue  # the variant would change nothing here
-
-            def run_variant(tuning=tuning):
-                impl.V4_TUNING.clear()
-                impl.V4_TUNING.update(tuning)
-                try:
-                    return impl.paged_attention_v4(*args, batch["scale"], max_context_len=max_len)
-                finally:
-                    impl.V4_TUNING.clear()
-
-            label = "v4 " + ",".join(f"{k.lower()}={v}" for k, v in tuning.items())
-            methods.append((label, run_variant, None))
-    if variants and hasattr(impl, "V6_TUNING"):
-        methods += v6_variants(impl, w, args, batch["scale"], max_len)
+    if variants:
+        for version, tunings in (("v4", V4_VARIANTS), ("v6", V6_VARIANTS)):
+            methods += variant_methods(impl, version, tunings, w, args, batch["scale"], max_len)
 
     rows, ref = [], None
     for name, fn, why in methods:
@@ -236,24 +221,36 @@ def plan_label(impl, method: str, w: DecodeWorkload, batch: dict, max_len: int,
     return f"{plan.num_partitions} x {plan.partition_size}"
 
 
-def v6_variants(impl, w: DecodeWorkload, args, scale: float, max_len: int) -> list:
-    """(label, fn, None) for each of V6_VARIANTS that applies to the workload."""
+def variant_methods(impl, version: str, tunings, w: DecodeWorkload, args, scale: float,
+                    max_len: int) -> list:
+    """(label, fn, None) for each variant of ``version`` (v4 or v6) that applies to the workload.
+
+    A variant is -D options for the kernel (the solution's ``V4_TUNING`` / ``V6_TUNING``, set
+    only for the call) plus, optionally, PARTITION: a forced split-K partition length.
+    """
+    knobs = getattr(impl, f"{version.upper()}_TUNING", None)
+    if knobs is None:
+        return []
+    launcher = getattr(impl, f"paged_attention_{version}")
+    group = w.num_q_heads // w.num_kv_heads
     out = []
-    for tuning in V6_VARIANTS:
+    for tuning in tunings:
         tuning = dict(tuning)
+        if "MAX_HEADS_PER_CTA" in tuning and impl.heads_per_cta(group) <= tuning["MAX_HEADS_PER_CTA"]:
+            continue  # the variant would change nothing here
         size = tuning.pop("PARTITION", None)
         plan = None if size is None else impl.SplitKVPlan(-(-max_len // size), size)
 
         def run_variant(tuning=tuning, plan=plan):
-            impl.V6_TUNING.clear()
-            impl.V6_TUNING.update(tuning)
+            knobs.clear()
+            knobs.update(tuning)
             try:
-                return impl.paged_attention_v6(*args, scale, max_context_len=max_len, plan=plan)
+                return launcher(*args, scale, max_context_len=max_len, plan=plan)
             finally:
-                impl.V6_TUNING.clear()
+                knobs.clear()
 
-        label = "v6 " + ",".join([f"{k.lower()}={v}" for k, v in tuning.items()]
-                                 + ([f"partition={size}"] if size else []))
+        label = f"{version} " + ",".join([f"{k.lower()}={v}" for k, v in tuning.items()]
+                                         + ([f"partition={size}"] if size else []))
         out.append((label, run_variant, None))
     return out
 

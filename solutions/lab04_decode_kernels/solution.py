@@ -536,11 +536,13 @@ def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_
                      context_lens, scale, out, debug, max_context_len, plan, return_lse,
                      max_partition: int | None, tuning: dict | None = None,
                      head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES, shared_mem=None,
-                     plan_kwargs: dict | None = None):
+                     target_ctas_per_sm: int = TARGET_CTAS_PER_SM):
     """v3..v6 differ only in their kernel: validate, plan, launch, reduce when split.
 
-    ``shared_mem(shape, defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
-    ``plan_kwargs`` go to :func:`plan_split_kv`.
+    ``max_partition`` (None: v3, no cap of its own) is the longest partition the kernel stages:
+    it caps the plan and reaches the kernel as -DMAX_PARTITION_SIZE. ``shared_mem(shape,
+    defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
+    ``target_ctas_per_sm`` goes to :func:`plan_split_kv`.
     """
     import torch
 
@@ -556,7 +558,8 @@ def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_
         max_len = shape.table_tokens if max_context_len is None else int(max_context_len)
         plan = plan_split_kv(shape.num_seqs, shape.num_kv_heads, max_len,
                              _num_sms(q.device.index or 0), block_size=shape.block_size,
-                             **(plan_kwargs or {}))
+                             target_ctas_per_sm=target_ctas_per_sm,
+                             max_partition_size=max_partition or MAX_PARTITION_SIZE)
     out = _new_out(shape, q, out)
     lse = torch.empty((shape.num_seqs, shape.num_q_heads), dtype=torch.float32, device=q.device)
     if shape.num_seqs:
@@ -573,6 +576,8 @@ def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_
                                    dtype=torch.float32, device=q.device)
             parts = (rcuda.ptr(part_ml[0]), rcuda.ptr(part_ml[1]), rcuda.ptr(part_acc))
         defines = dict(HEADS_PER_CTA=hpc, **tuning)
+        if max_partition is not None:
+            defines["MAX_PARTITION_SIZE"] = max_partition
         kernel = _kernel(file, name, _options(shape, **defines))
         rcuda.launch(kernel, (shape.num_seqs, shape.num_q_heads // hpc, n), (threads,),
                      (rcuda.ptr(out), rcuda.ptr(lse), *parts, rcuda.ptr(q), rcuda.ptr(k),
@@ -638,8 +643,8 @@ def paged_attention_v5(query, key_cache, value_cache, block_tables, context_lens
 
 def _v6_ring_bytes(shape: DecodeShape, defines: dict) -> int:
     """v6's dynamic shared memory: per warp, NUM_STAGES slots of a 16-token K tile and V tile."""
-    num_warps, num_stages = defines.get("NUM_WARPS", 4), defines.get("NUM_STAGES", V6_NUM_STAGES)
-    return num_warps * num_stages * 2 * 16 * shape.head_size * 2
+    num_warps = defines.get("NUM_WARPS", NUM_THREADS // 32)
+    return num_warps * defines["NUM_STAGES"] * 2 * 16 * shape.head_size * 2
 
 
 def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
@@ -648,13 +653,11 @@ def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens
 
     Args and Returns: as :func:`paged_attention_v4`; head sizes 64 and 128 only.
     """
-    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES,
-              "MAX_PARTITION_SIZE": V6_MAX_PARTITION_SIZE, **V6_TUNING}
+    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES, **V6_TUNING}
     return _split_kv_launch("decode_v6.cu", "paged_decode_v6", query, key_cache, value_cache,
                             block_tables, context_lens, scale, out, debug, max_context_len, plan,
                             return_lse, V6_MAX_PARTITION_SIZE, tuning, V6_HEAD_SIZES,
-                            _v6_ring_bytes, {"target_ctas_per_sm": V6_TARGET_CTAS_PER_SM,
-                                             "max_partition_size": V6_MAX_PARTITION_SIZE})
+                            _v6_ring_bytes, V6_TARGET_CTAS_PER_SM)
 
 
 def _prefers_v6(query, key_cache) -> bool:
