@@ -35,10 +35,15 @@ def cuda_home() -> Path | None:
     return None
 
 
+#: Trusted headers every lab kernel may include (``pagedlab_ptx.cuh``: the PTX wrappers).
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+
+
 def include_options() -> tuple[str, ...]:
-    """Returns ``-I`` options for the toolkit headers (NVRTC lacks some, e.g. ``mma.h``)."""
+    """Returns ``-I`` options for the workbook's shared headers and the toolkit's (NVRTC lacks
+    some, e.g. ``mma.h``)."""
     home = cuda_home()
-    return (f"-I{home / 'include'}",) if home else ()
+    return (f"-I{INCLUDE_DIR}",) + ((f"-I{home / 'include'}",) if home else ())
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,7 @@
 // reads would all hit the same banks. Chunk c (16 bytes) of row r is therefore stored at chunk
 // c ^ (r % 8) — an XOR swizzle that spreads those eight rows over all 32 banks.
 #include "decode_common.cuh"
+#include "pagedlab_ptx.cuh"  // mma_16816, ldmatrix_x4(_trans), cp_async_*, smem_addr
 
 #ifndef HEADS_PER_CTA
 #define HEADS_PER_CTA 8
@@ -46,55 +47,6 @@ static_assert(HEAD_SIZE == 64 || HEAD_SIZE == 128, "v6 has code for head sizes 6
 static_assert(HEADS_PER_CTA <= 16, "one m16 tile of query heads per CTA");
 static_assert(NUM_STAGES >= 2, "a ring of at least two slots");
 
-// ----------------------------------------------------------------------------- PTX wrappers
-
-// Copies 16 bytes global -> shared without registers; the last src_bytes < 16 are zero-filled
-// (src_bytes = 0: the slot gets zeros and nothing is read).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Four 8x8 matrices of 16-bit elements from shared memory; lanes 8j..8j+7 give the row addresses
-// of matrix j, and lane (g, t) gets row g, elements 2t and 2t+1 of each (.trans: of its transpose).
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem_row) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem_row) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-// d += A . B for one m16n8k16 tile (fp32 accumulate).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                          unsigned b1, const __half*) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                          unsigned b1, const __nv_bfloat16*) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ----------------------------------------------------------------------------- the pipeline
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
@@ -120,8 +72,8 @@ __device__ __forceinline__ void load_tile(scalar_t* slot, const scalar_t* __rest
                                    head_base + (tok % BLOCK_SIZE) * HEAD_SIZE + chunk * 8
                              : 0;
     const int dst = swizzled(row, chunk);
-    cp_async_16(slot + dst, key_cache + off, ok ? 16 : 0);
-    cp_async_16(slot + TILE_ELEMS + dst, value_cache + off, ok ? 16 : 0);
+    cp_async_16(smem_addr(slot + dst), key_cache + off, ok ? 16 : 0);
+    cp_async_16(smem_addr(slot + TILE_ELEMS + dst), value_cache + off, ok ? 16 : 0);
   }
 }
 
@@ -232,9 +184,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v6(
 #pragma unroll
     for (int kk = 0; kk < NUM_DSTEPS; ++kk) {
       unsigned b[4];
-      ldmatrix_x4(b, sk + swizzled(k_row, 2 * kk + k_sub));
-      mma_16816(s[0], qa[kk], b[0], b[1], tag);
-      mma_16816(s[1], qa[kk], b[2], b[3], tag);
+      ldmatrix_x4(b, smem_addr(sk + swizzled(k_row, 2 * kk + k_sub)));
+      mma_16816(s[0], qa[kk], b[0], b[1], scalar_t());
+      mma_16816(s[1], qa[kk], b[2], b[3], scalar_t());
     }
 
     // 2. Online softmax, per head row; the four lanes of a row group share the row's max.
@@ -272,9 +224,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v6(
 #pragma unroll
     for (int dp = 0; dp < NUM_DSTEPS; ++dp) {
       unsigned b[4];
-      ldmatrix_x4_trans(b, sv + swizzled(v_row, 2 * dp + v_sub));
-      mma_16816(o[2 * dp], pa, b[0], b[1], tag);
-      mma_16816(o[2 * dp + 1], pa, b[2], b[3], tag);
+      ldmatrix_x4_trans(b, smem_addr(sv + swizzled(v_row, 2 * dp + v_sub)));
+      mma_16816(o[2 * dp], pa, b[0], b[1], scalar_t());
+      mma_16816(o[2 * dp + 1], pa, b[2], b[3], scalar_t());
     }
   }
   cp_async_wait<0>();
