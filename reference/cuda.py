@@ -68,7 +68,10 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
         The compiled ``cupy.RawModule``.
     """
     path = Path(cu_path)
-    source = path.read_text()
+    # NOTE: CuPy caches compiled modules by source text and options, which do not change when
+    # only an included header does: the headers' digest goes into the source as a comment.
+    headers = sorted(path.parent.glob("*.cuh")) + sorted(INCLUDE_DIR.glob("*.cuh"))
+    source = path.read_text() + f"\n// headers {source_digest(*headers)}\n"
     opts = BASE_OPTIONS + (f"-I{path.parent}",) + include_options() + tuple(options)
     return _compile(source, opts, backend, tuple(name_expressions) if name_expressions else None)
 
