@@ -1,6 +1,6 @@
 """Root pytest configuration for the workbook.
 
-* Loads the grading plugin (points marker, grade table, JSON report): ``reference.grading``.
+* Loads the grading plugin (points marker, grade table, JSON report): ``reference.grader.grading``.
 * Provides the ``impl`` fixture: the implementation of the lab a test lives in, chosen by
   ``LAB_IMPL`` (see ``reference/loader.py``). Tests never import ``starter``/``solution``.
 * Makes hypothesis deterministic, so a grade never depends on a lucky draw.
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, settings
 from reference.loader import MUTANT_DIR_ENV, load_impl
 from reference.paths import lab_of_path
 
-pytest_plugins = ["reference.grading"]
+pytest_plugins = ["reference.grader.grading"]
 
 # Grading must be reproducible: the same code gets the same examples on every run and machine.
 settings.register_profile(

@@ -23,7 +23,7 @@ stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 stamp "start: FlashInfer JIT warm-up and mutants in the background, tests in the foreground"
 MAX_JOBS=${MAX_JOBS:-6} timeout "${WARM_S:-230}" python3 .ci/lab04_warm_flashinfer.py > "$OUT/fi_warm.log" 2>&1 &
 WARM=$!
-( timeout "${MUTANTS_S:-250}" python3 -m reference.cli check lab04_decode_kernels --skip-solution \
+( timeout "${MUTANTS_S:-250}" python3 -m reference.tools.cli check lab04_decode_kernels --skip-solution \
     --skip-starter -j "${JOBS:-3}"; echo "exit $?" ) > "$OUT/mutants.log" 2>&1 &
 MUT=$!
 ( timeout "${TESTS_S:-230}" python3 -m pytest labs/lab04_decode_kernels tests/test_lab04_naive_baseline.py \
@@ -31,7 +31,7 @@ MUT=$!
 stamp "tests done: $(tail -n 3 "$OUT/tests.log" | head -n 1)"
 wait $MUT; stamp "mutants done: $(grep -c caught "$OUT/mutants.log") caught"
 wait $WARM; stamp "flashinfer warm-up done: $(tail -n 1 "$OUT/fi_warm.log")"
-( timeout "${BENCH_S:-200}" python3 -m reference.cli bench decode --out "$OUT/bench" ${BENCH_ARGS:-}; echo "exit $?" ) \
+( timeout "${BENCH_S:-200}" python3 -m reference.tools.cli bench decode --out "$OUT/bench" ${BENCH_ARGS:-}; echo "exit $?" ) \
   > "$OUT/bench.log" 2>&1
 stamp "bench done"
 tail -n 45 "$OUT/bench.log"

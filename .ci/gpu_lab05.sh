@@ -29,10 +29,10 @@ for phase in "${phases[@]}"; do
       timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest labs/lab05_prefill_kernels -q \
         -p no:cacheprovider --tb=short -rfE 2>&1 | tee "$OUT/tests.log" || status=1 ;;
     mutants)
-      timeout "${MUTANTS_TIMEOUT:-240}" python3 -m reference.cli check 5 --skip-solution \
+      timeout "${MUTANTS_TIMEOUT:-240}" python3 -m reference.tools.cli check 5 --skip-solution \
         --skip-starter -j "${MUTANT_JOBS:-4}" 2>&1 | tee "$OUT/mutants.log" || status=1 ;;
     bench)
-      timeout "${BENCH_TIMEOUT:-240}" python3 -m reference.cli bench prefill --out "$OUT" \
+      timeout "${BENCH_TIMEOUT:-240}" python3 -m reference.tools.cli bench prefill --out "$OUT" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     diag)  # the tensor-core kernel under racecheck and memcheck (cp.async + ldmatrix)
       CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 #: The repository root (the folder holding ``labs/``, ``reference/`` and, outside a student
 #: release, ``solutions/``).
@@ -10,7 +12,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LABS_DIR = REPO_ROOT / "labs"
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-MUTANTS_DIR = Path(__file__).resolve().parent / "mutants"
+
+
+
+
+def mutants_dir(lab: str) -> Path:
+    """Returns the folder of a lab's mutants, ``solutions/<lab>/mutants/`` (instructor-only,
+    beside the hidden tests, so a release is one rule: drop ``solutions/``)."""
+    return SOLUTIONS_DIR / lab / "mutants"
 
 
 def lab_names() -> list[str]:
@@ -22,7 +31,7 @@ def lab_of_path(path: str | Path) -> str | None:
     """Returns the lab a path belongs to, or None.
 
     Lab tests live in ``labs/<lab>/``; a lab's *hidden* tests (instructor-only, see
-    ``reference/hidden.py``) live in ``solutions/<lab>/hidden/`` or, in a grading bundle,
+    ``reference/grader/hidden.py``) live in ``solutions/<lab>/hidden/`` or, in a grading bundle,
     ``hidden/<lab>/``. All three count as tests of ``<lab>``.
     """
     parts = Path(path).resolve().parts
@@ -44,3 +53,45 @@ def is_hidden_path(path: str | Path) -> bool:
                                  or (i >= 2 and parts[i - 2] == "solutions")):
             return True
     return False
+
+
+class UnknownLabError(ValueError):
+    """A lab name on the command line matches no lab folder (or more than one)."""
+
+
+def resolve_labs(names: list[str]) -> list[str]:
+    """Maps ``1``, ``lab01`` or ``lab01_block_manager`` to lab folder names.
+
+    Args:
+        names: what the user typed, one entry per lab.
+
+    Returns:
+        Lab folder names, in the order given.
+
+    Raises:
+        UnknownLabError: a name matches no lab, or more than one.
+    """
+    known = lab_names()
+    out = []
+    for name in names:
+        try:
+            key = name if name.startswith("lab") else f"lab{int(name):02d}"
+        except ValueError:
+            key = name
+        match = [lab for lab in known if lab == key or lab.startswith(key + "_")]
+        if len(match) != 1:
+            raise UnknownLabError(f"no lab matches {name!r}; labs are: {', '.join(known)}")
+        out.append(match[0])
+    return out
+
+
+def load_toml(text: str) -> dict[str, Any]:
+    """Parses TOML text: ``tomllib`` on Python 3.11+, the ``tomli`` backport on 3.10.
+
+    NOTE: imported lazily, so a module that only *may* read TOML still imports on 3.10.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised by the 3.10 CI leg
+        import tomli as tomllib
+    return tomllib.loads(text)

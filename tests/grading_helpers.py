@@ -55,12 +55,12 @@ def make_workbook(root: Path, labs: dict[str, dict[str, str]],
 
 def pagedlab(root: Path, *args: str, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs ``python -m reference.cli ARGS`` in a workbook (its own reference package)."""
+    """Runs ``python -m reference.tools.cli ARGS`` in a workbook (its own reference package)."""
     full_env = dict(os.environ)
     for var in ("LAB_IMPL", "GITHUB_STEP_SUMMARY", "GITHUB_OUTPUT", "PYTEST_ADDOPTS"):
         full_env.pop(var, None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "reference.cli", *args], cwd=root, env=full_env,
+    return subprocess.run([sys.executable, "-m", "reference.tools.cli", *args], cwd=root, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from grading_helpers import pagedlab
-from reference.classroom import reporter_total
-from reference.mutants import build_mutant, load_mutants
+from reference.grader.classroom import reporter_total
+from reference.grader.mutants import build_mutant, load_mutants
 from reference.paths import REPO_ROOT
 
 # NOTE: building a second fresh environment costs another minute; CI runs this one on purpose
@@ -72,7 +72,7 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
             continue
         out_file = tmp / f"github_output_{step['id']}"
         # `pagedlab` here is this interpreter on the release's own code (python -m, from its root).
-        cmd = step["run"].replace("pagedlab", f"{sys.executable} -m reference.cli", 1)
+        cmd = step["run"].replace("pagedlab", f"{sys.executable} -m reference.tools.cli", 1)
         env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "GITHUB_STEP_SUMMARY")}
         env["GITHUB_OUTPUT"] = str(out_file)
         subprocess.run(cmd, shell=True, cwd=root, env=env, capture_output=True, text=True)

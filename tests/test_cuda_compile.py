@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference.compile import DEFAULT_ARCHS, compile_cu, compiler_available, find_cu_files
+from reference.tools.compile import DEFAULT_ARCHS, compile_cu, compiler_available, find_cu_files
 
 CU_FILES = find_cu_files()
 

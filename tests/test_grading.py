@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from reference.gradebook import gradescope_results, summarize, todos
+from reference.grader.gradebook import gradescope_results, summarize, todos
 from reference.paths import REPO_ROOT, lab_names
 
 RECORDS = [
@@ -50,7 +50,7 @@ def test_lab_test_without_points_stops_the_run(tmp_path):
     lab.mkdir(parents=True)
     (lab / "test_lab99_unmarked.py").write_text("def test_unmarked():\n    pass\n")
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "reference.grading", "-q",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "reference.grader.grading", "-q",
                            str(lab)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 4
     assert "needs exactly one @pytest.mark.points" in proc.stderr
@@ -62,7 +62,7 @@ def test_readme_grade_command_scores_every_starter_zero(tmp_path):
     env = dict(os.environ, LAB_IMPL="starter")
     env.pop("GITHUB_STEP_SUMMARY", None)
     results, summary = tmp_path / "results.json", tmp_path / "summary.md"
-    proc = subprocess.run([sys.executable, "-m", "reference.cli", "grade", "--results",
+    proc = subprocess.run([sys.executable, "-m", "reference.tools.cli", "grade", "--results",
                            str(results), "--summary", str(summary)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from grading_helpers import by_name, grade, make_workbook, pagedlab
-from reference.gradebook import gradescope_results, markdown_summary
-from reference.hidden import hidden_summary, student_message
+from reference.grader.gradebook import gradescope_results, markdown_summary
+from reference.grader.hidden import hidden_summary, student_message
 
 STARTER = '''
     def area(w, h):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from reference.mutants import Edit, Mutant, MutantSpecError, build_mutant, load_mutants
+from reference.grader.mutants import Edit, Mutant, MutantSpecError, build_mutant, load_mutants
 
 
 def test_every_mutant_spec_loads_and_applies(tmp_path):
     """Each mutant file parses, and each of its edits matches its solution exactly once."""
     mutants = load_mutants()
-    assert mutants, "no mutants found under reference/mutants/"
+    assert mutants, "no mutants found under solutions/<lab>/mutants/"
     for i, mutant in enumerate(mutants):
         folder = build_mutant(mutant, tmp_path / str(i))
         assert (folder / "solution.py").exists()

@@ -7,7 +7,7 @@ import io
 import json
 
 from grading_helpers import grade, make_workbook, pagedlab
-from reference.progress import Progress
+from reference.grader.progress import Progress
 
 STARTER = '''
     def one():

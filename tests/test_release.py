@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from grading_helpers import by_name, grade, pagedlab
-from reference.manifest import MANIFEST_NAME, digest, is_student_file, load_manifest, verify_manifest
-from reference.notebook_strip import has_outputs, strip_outputs
-from reference.parity import check_lab, compare_cuda
+from reference.grader.manifest import MANIFEST_NAME, digest, is_student_file, load_manifest, verify_manifest
+from reference.grader.notebook_strip import has_outputs, strip_outputs
+from reference.grader.parity import check_lab, compare_cuda
 from reference.paths import REPO_ROOT
 
 SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SKIP_SLOW") == "1",
@@ -36,7 +36,7 @@ def release(tmp_path_factory) -> Path:
 def test_release_holds_no_instructor_material(release):
     """No solutions, hidden tests, mutants, infrastructure tests or CI; notebooks carry no
     outputs; the Classroom workflow and the manifest are there."""
-    for gone in ("solutions", "hidden", "reference/mutants", "tests", ".ci", ".git"):
+    for gone in ("solutions", "hidden", "tests", ".ci", ".git"):
         assert not (release / gone).exists(), gone
     assert not list(release.rglob("test_*hidden*"))
     for nb in release.glob("notebooks/*.ipynb"):
@@ -44,7 +44,7 @@ def test_release_holds_no_instructor_material(release):
     assert (release / ".github/workflows/classroom.yml").is_file()
     manifest = load_manifest(release / MANIFEST_NAME)
     assert "labs/lab01_block_manager/test_lab01_allocator.py" in manifest["files"]
-    assert "conftest.py" in manifest["files"] and "reference/grading.py" in manifest["files"]
+    assert "conftest.py" in manifest["files"] and "reference/grader/grading.py" in manifest["files"]
     assert "labs/lab01_block_manager/starter.py" not in manifest["files"]
     assert sum(manifest["tests"][LAB1].values()) == pytest.approx(41)
     assert not verify_manifest(release, manifest)
@@ -99,7 +99,7 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
 def test_a_regenerated_manifest_is_caught_by_the_pinned_digest(release, tmp_path):
     """A student who edits a test and rewrites the manifest to match still fails the digest
     the Classroom workflow pins."""
-    from reference.manifest import build_manifest, write_manifest
+    from reference.grader.manifest import build_manifest, write_manifest
 
     root = _copy(release, tmp_path / "s")
     pinned = digest(load_manifest(root / MANIFEST_NAME))
@@ -121,7 +121,7 @@ def test_student_files_are_the_starters_not_the_tests():
     assert is_student_file("labs/lab05_prefill_kernels/prefill_tiled.cu")
     for rel in ("labs/lab01_block_manager/test_lab01_allocator.py", "labs/lab01_block_manager/_state.py",
                 "labs/lab01_block_manager/conftest.py", "labs/lab01_block_manager/x.pth",
-                "labs/lab01_block_manager/__init__.py", "reference/grading.py", "conftest.py"):
+                "labs/lab01_block_manager/__init__.py", "reference/grader/grading.py", "conftest.py"):
         assert not is_student_file(rel), rel
 
 

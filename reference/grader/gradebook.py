@@ -1,7 +1,7 @@
 """Turns a graded pytest report into what people read: a table, Gradescope JSON, Markdown.
 
-Input records are the dicts :mod:`reference.grading` writes (nodeid, lab, name, doc, points,
-outcome, when, message, details, hidden). A *hidden* test (:mod:`reference.hidden`) is shown to
+Input records are the dicts :mod:`reference.grader.grading` writes (nodeid, lab, name, doc, points,
+outcome, when, message, details, hidden). A *hidden* test (:mod:`reference.grader.hidden`) is shown to
 students after the due date, with its failure message only; the summary always counts how many
 hidden tests failed per lab. ``notes`` are grader findings shown to everyone (tampered files,
 tests that never reported, collection errors).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from reference.hidden import hidden_summary, student_message
+from reference.grader.hidden import hidden_summary, student_message
 
 TODO_RE = re.compile(r"TODO\((lab\d+\.\d+)\):?\s*([^\n'\"]*)")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.bench._common import DEFAULT_OUT, format_table, try_pyplot, write_results
+from reference.tools.bench._common import DEFAULT_OUT, format_table, try_pyplot, write_results
 
 MAX_MODEL_LEN = 2048
 BLOCK_SIZES = (1, 8, 16, 32, 128)

@@ -1,14 +1,14 @@
 """``pagedlab release OUTDIR``: write the student repository, then prove it works.
 
-What a release holds: this workbook minus ``solutions/`` (and with it every hidden test),
-``reference/mutants/``, the infrastructure ``tests/``, ``.ci/``, ``.git`` and build or cache
+What a release holds: this workbook minus ``solutions/`` (and with it every hidden test and
+mutant), the infrastructure ``tests/``, ``.ci/``, ``.git`` and build or cache
 folders. Without ``solutions/`` the default is ``LAB_IMPL=starter``. Notebooks keep their
 markdown and code but lose their outputs (they were executed with the solutions). It adds the
 GitHub Classroom workflow (``.github/workflows/classroom.yml``, one step per lab) and the
 manifest (``.pagedlab-manifest.json``: hashes of every protected file and the tests to expect).
 
 Before writing it checks that every starter matches its solution's public API, signatures and
-docstrings (:mod:`reference.parity`). After writing it verifies the release: a copy is installed
+docstrings (:mod:`reference.grader.parity`). After writing it verifies the release: a copy is installed
 into a fresh virtual environment (``--no-venv``: this interpreter), ``pagedlab grade`` runs
 there, and every test must be collected, none may crash, and the score must be 0.
 
@@ -29,11 +29,11 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reference.classroom import render_workflow
-from reference.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest, digest, sha256_file,
+from reference.grader.classroom import render_workflow
+from reference.grader.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest, digest, sha256_file,
                                 walk_files, write_manifest)
-from reference.notebook_strip import has_outputs, strip_outputs
-from reference.parity import check_lab
+from reference.grader.notebook_strip import has_outputs, strip_outputs
+from reference.grader.parity import check_lab
 from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR, lab_names
 
 #: Top-level folders a student never gets.
@@ -78,7 +78,7 @@ def is_released(rel: str, labs: list[str]) -> bool:
     parts = rel.split("/")
     if parts[0] in INSTRUCTOR_ONLY or rel in GRADING_OUTPUTS or rel == MANIFEST_NAME:
         return False
-    if parts[:2] == ["reference", "mutants"] or rel.endswith((".pyc", ".pyo")):
+    if rel.endswith((".pyc", ".pyo")):
         return False
     if any(p in SKIP_DIRS or p.endswith(".egg-info") or p == "bench_results" for p in parts):
         return False
@@ -131,7 +131,7 @@ def leaks(out: Path, allowed: set[str] = frozenset()) -> list[str]:
         allowed: relative paths put there on purpose (a grading bundle's hidden tests).
     """
     problems = []
-    for bad in ("solutions", "hidden", "reference/mutants", "tests", ".ci"):
+    for bad in ("solutions", "hidden", "tests", ".ci"):
         if (out / bad).exists() and not any(a.startswith(bad + "/") for a in allowed):
             problems.append(f"release contains {bad}/")
     # A solution file's content anywhere in the release is a leak — except a file the lab hands
@@ -247,7 +247,7 @@ def verify_release(out: Path, manifest: dict, *, fresh_venv: bool = True, log=pr
                 return [f"the release does not install:\n{pip.stderr[-3000:]}"]
             cmd = [str(venv / "bin" / "pagedlab")]
         else:
-            cmd = [sys.executable, "-m", "reference.cli"]
+            cmd = [sys.executable, "-m", "reference.tools.cli"]
         results = Path(tmp) / "results.json"
         log("  grading the release as a student would (LAB_IMPL unset) ...")
         proc = subprocess.run([*cmd, "grade", "--quiet", "--results", str(results), "--summary",
@@ -284,7 +284,7 @@ def check_release_grade(results: dict, manifest: dict, output: str = "") -> list
 
 
 def main(args: argparse.Namespace) -> int:
-    from reference.grade import resolve_labs
+    from reference.paths import resolve_labs
 
     if not SOLUTIONS_DIR.is_dir():
         print("pagedlab release: needs solutions/ (run it from the instructors' workbook)",

@@ -11,7 +11,7 @@ import argparse
 import collections
 import time
 
-from reference.bench._common import DEFAULT_OUT, format_table, try_pyplot, write_results
+from reference.tools.bench._common import DEFAULT_OUT, format_table, try_pyplot, write_results
 from reference.loader import describe_impl, load_impl
 
 LAB = "lab01_block_manager"

@@ -14,7 +14,7 @@ BAR_WIDTH = 24
 
 
 class Progress:
-    """Receives :mod:`reference.runner` events and draws them."""
+    """Receives :mod:`reference.grader.runner` events and draws them."""
 
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None) -> None:
         """Args:

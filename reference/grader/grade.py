@@ -1,9 +1,9 @@
 """``pagedlab grade``: run the lab tests, print the grade table, write results.json and Markdown.
 
-Each lab runs in its own test process (:mod:`reference.runner`); results come back through a
+Each lab runs in its own test process (:mod:`reference.grader.runner`); results come back through a
 signed log and are checked for completeness. Where the tree has a release manifest
 (``.pagedlab-manifest.json``), it is verified first and its test list is what must be
-accounted for (:mod:`reference.manifest`).
+accounted for (:mod:`reference.grader.manifest`).
 
 Exit codes (for CI):
   0  graded (whatever the score);
@@ -22,14 +22,14 @@ import os
 import sys
 from pathlib import Path
 
-from reference.classroom import classroom_result, write_step_output
-from reference.gradebook import format_table, gradescope_results, markdown_summary, summarize, todos
-from reference.hidden import hidden_summary
+from reference.grader.classroom import classroom_result, write_step_output
+from reference.grader.gradebook import format_table, gradescope_results, markdown_summary, summarize, todos
+from reference.grader.hidden import hidden_summary
 from reference.loader import LabImplError, impl_name
-from reference.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
-from reference.paths import REPO_ROOT, lab_names
-from reference.progress import Progress
-from reference.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
+from reference.grader.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
+from reference.paths import REPO_ROOT, lab_names, resolve_labs
+from reference.grader.progress import Progress
+from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
 
 EXIT_OK, EXIT_BELOW, EXIT_CANNOT_GRADE, EXIT_UNTRUSTED = 0, 1, 2, 3
 
@@ -54,24 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classroom", action="store_true",
                         help="also write the GitHub Classroom step result to $GITHUB_OUTPUT")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def resolve_labs(names: list[str]) -> list[str]:
-    """Maps ``1``, ``lab01`` or ``lab01_block_manager`` to lab folder names."""
-    known = lab_names()
-    out = []
-    for name in names:
-        try:
-            key = name if name.startswith("lab") else f"lab{int(name):02d}"
-        except ValueError:
-            key = name
-        match = [lab for lab in known if lab == key or lab.startswith(key + "_")]
-        if len(match) != 1:
-            print(f"pagedlab: no lab matches {name!r}; labs are: {', '.join(known)}",
-                  file=sys.stderr)
-            raise SystemExit(EXIT_CANNOT_GRADE)
-        out.append(match[0])
-    return out
 
 
 def _manifest(args: argparse.Namespace) -> tuple[dict | None, list[str]]:

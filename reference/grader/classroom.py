@@ -8,7 +8,7 @@ test's ``score`` against each runner's ``max_score``. The stock command grader g
 nothing per step; ``pagedlab grade <lab> --classroom`` writes the same result with one entry per
 test and its points, so a lab earns partial credit.
 
-The workflow (``reference/templates/classroom.yml``) has one such step per lab, rendered by
+The workflow (``reference/grader/templates/classroom.yml``) has one such step per lab, rendered by
 ``pagedlab release`` with each lab's maximum from the manifest.
 """
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reference.gradebook import fmt_points, summarize, todos
-from reference.labinfo import lab_needs, todo_location
+from reference.grader.gradebook import fmt_points, summarize, todos
+from reference.tools.labinfo import lab_needs, todo_location
 from reference.loader import LabImplError, impl_name
 from reference.paths import lab_names
-from reference.progress import Progress
-from reference.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
+from reference.grader.progress import Progress
+from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def next_step(lab: str, records: list[dict]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from reference.grade import resolve_labs
+    from reference.paths import resolve_labs
 
     try:
         impl = impl_name()

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from reference.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
+from reference.paths import load_toml
+from reference.tools.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
 from reference.loader import describe_impl, load_impl
 
 LAB = "lab05_prefill_kernels"
@@ -32,7 +32,7 @@ TARGET_VS_FLASHINFER = 0.5
 
 def load_workloads(path: Path = WORKLOADS) -> tuple[dict, list[dict]]:
     """Returns (common settings, workloads) from the TOML file."""
-    data = tomllib.loads(path.read_text())
+    data = load_toml(path.read_text())
     return data["common"], data["workload"]
 
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from reference.bench._gpu import flashinfer_or_reason, gemm_ceiling_tflops, measure
+    from reference.tools.bench._gpu import flashinfer_or_reason, gemm_ceiling_tflops, measure
 
     impl = load_impl(LAB)
     common, workloads = load_workloads()

@@ -5,7 +5,7 @@ trusted ones, and:
 
 1. finds the student's repository in the submission (a ``labs/`` folder, at most 3 levels down;
    or, for a one-lab bundle, a folder holding ``starter.py``);
-2. copies in only the student's own files (:func:`reference.manifest.is_student_file`:
+2. copies in only the student's own files (:func:`reference.grader.manifest.is_student_file`:
    ``starter.py``, ``.cu`` files, helper modules — never tests, ``_*`` helpers, ``conftest.py``
    or ``.pth`` files), skipping symbolic links;
 3. compares the submission's protected files with the manifest and reports each edited or added
@@ -13,7 +13,7 @@ trusted ones, and:
 4. runs ``pagedlab grade`` with ``LAB_IMPL=starter``, hidden tests included, and writes
    ``results.json`` — with score 0 and the reason when anything above fails.
 
-Usage: ``python -m reference.autograder --submission DIR --results PATH``.
+Usage: ``python -m reference.grader.autograder --submission DIR --results PATH``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from reference.manifest import MANIFEST_NAME, Tamper, is_student_file, load_manifest, verify_manifest
+from reference.grader.manifest import MANIFEST_NAME, Tamper, is_student_file, load_manifest, verify_manifest
 from reference.paths import REPO_ROOT
 
+#: The bundle's settings, written by ``pagedlab gradescope-bundle`` and read here.
 CONFIG_NAME = "pagedlab-autograder.json"
 MAX_DEPTH = 3
 #: Student files that never affect a grade (handout copies, notebooks): not copied.
@@ -116,7 +117,7 @@ def _fail(results: Path, message: str) -> None:
 
 def grade_submission(submission: Path, results: Path) -> int:
     """Grades ``submission`` into ``results``; returns ``pagedlab grade``'s exit code."""
-    from reference import grade
+    from reference.grader import grade
 
     config = json.loads((REPO_ROOT / CONFIG_NAME).read_text())
     labs = config["labs"]

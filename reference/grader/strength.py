@@ -16,9 +16,9 @@ from pathlib import Path
 
 from reference.gpu import gpu_available
 from reference.loader import MUTANT_DIR_ENV
-from reference.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
+from reference.grader.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
 from reference.paths import LABS_DIR, SOLUTIONS_DIR
-from reference.runner import GradingRunError, run_lab_tests
+from reference.grader.runner import GradingRunError, run_lab_tests
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +116,7 @@ def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from reference.grade import resolve_labs
+    from reference.paths import resolve_labs
 
     if not SOLUTIONS_DIR.is_dir():
         print("pagedlab check: needs solutions/ (not available in a student release)", file=sys.stderr)

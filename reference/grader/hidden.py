@@ -9,7 +9,7 @@ the rest of ``solutions/``; a Gradescope bundle carries them as ``hidden/<lab>/`
 
 Where they run:
 
-* ``pagedlab grade`` and ``pagedlab check`` (both go through :mod:`reference.runner`) include
+* ``pagedlab grade`` and ``pagedlab check`` (both go through :mod:`reference.grader.runner`) include
   them whenever the folder exists, so the starters must score 0 and the solution must pass them
   too;
 * the plain ``pytest`` of the README does *not* (``testpaths`` is ``labs`` and ``tests``):

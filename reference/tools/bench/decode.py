@@ -1,7 +1,7 @@
 """``pagedlab bench decode``: Lab 4's decode kernels against the copy ceiling, torch SDPA and
 FlashInfer, in one run on one GPU.
 
-For each workload of ``reference/decode_workloads.py`` it measures, in this order:
+For each workload of ``reference/tools/bench/decode_workloads.py`` it measures, in this order:
 
 * the device copy ceiling (a 2 GiB device-to-device copy; bytes read + written per second);
 * torch SDPA on contiguous K/V (no paging: the reference a paged kernel should approach);
@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from reference.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
-from reference.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, measure
-from reference.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SWEEP_NUM_SEQS,
+from reference.tools.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
+from reference.tools.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, measure
+from reference.tools.bench.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SWEEP_NUM_SEQS,
                                         TARGET_OF_CEILING, TARGET_VS_FLASHINFER, DecodeWorkload)
 from reference.loader import describe_impl, load_impl
 

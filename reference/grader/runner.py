@@ -8,7 +8,7 @@ process to say how it went:
 * **Per-test timeout.** pytest-timeout fails a test that runs past ``test_timeout_s``; a test
   stuck outside Python (a hung kernel, a C loop) is killed by the watchdog here a little later.
 * **Completeness.** The child logs the tests it collected before any student code is imported,
-  then each test's start and result (:mod:`reference.signed_log`). Every expected test without
+  then each test's start and result (:mod:`reference.grader.signed_log`). Every expected test without
   a result is graded *failed*: the one that was running when the child died gets the cause
   (exit code or signal), and the child is restarted on the tests not yet run (at most
   ``MAX_RESTARTS`` times per lab). A test process that calls ``os._exit(0)`` or kills itself
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from reference.hidden import hidden_dirs
+from reference.grader.hidden import hidden_dirs
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
-from reference.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
+from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
 #: Per-test limit when grading (seconds). The slowest lab test takes a few seconds on a CPU.
 DEFAULT_TEST_TIMEOUT_S = 60.0
@@ -45,7 +45,7 @@ MAX_RESTARTS = 3
 
 
 class ProgressFn(Protocol):
-    """What the runner reports to (see :class:`reference.progress.Progress`)."""
+    """What the runner reports to (see :class:`reference.grader.progress.Progress`)."""
 
     def start(self, lab: str) -> None: ...
     def update(self, lab: str, done: int, total: int) -> None: ...
@@ -100,7 +100,7 @@ def run_lab_tests(
         extra_args: more pytest arguments.
         timeout_s: wall-clock limit per lab.
         test_timeout_s: per-test limit; None disables it.
-        include_hidden: also run each lab's hidden tests (:mod:`reference.hidden`).
+        include_hidden: also run each lab's hidden tests (:mod:`reference.grader.hidden`).
         expected: lab -> {node id: points} the run must account for (a manifest's list);
             labs absent here expect what their collection finds.
         progress: told when each lab starts and ends, and as test results arrive.

@@ -11,9 +11,9 @@ Loaded by the root ``conftest.py``. It
 * ``--pagedlab-only name1,name2`` keeps only tests with those function names (the mutant check
   runs just the tests a mutant is declared to be caught by);
 * ``--pagedlab-log PATH`` appends signed events as the run goes (the tests collected, each
-  test's start and result, the end of the session): what :mod:`reference.runner` grades from,
+  test's start and result, the end of the session): what :mod:`reference.grader.runner` grades from,
   so a test process that dies mid-run still leaves a usable, checkable record
-  (:mod:`reference.signed_log`).
+  (:mod:`reference.grader.signed_log`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 
 from reference.loader import LabImplError, describe_impl, impl_name
 from reference.paths import is_hidden_path, lab_of_path
-from reference.signed_log import LogWriter, take_key_from_env
+from reference.grader.signed_log import LogWriter, take_key_from_env
 
 #: Longest failure text kept per test (Gradescope shows it to the student).
 MAX_DETAILS_CHARS = 4000
@@ -49,7 +49,7 @@ class TestRecord:
     message: str = ""  # one line: the exception and its message
     details: str = ""  # the (truncated) traceback
     duration_s: float = 0.0
-    hidden: bool = False  # an instructor-only test (reference/hidden.py)
+    hidden: bool = False  # an instructor-only test (reference/grader/hidden.py)
     _phases: set = field(default_factory=set, repr=False)
 
 
@@ -249,7 +249,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    from reference.gradebook import format_table, summarize
+    from reference.grader.gradebook import format_table, summarize
 
     records = _finished_records(config)
     if not records:

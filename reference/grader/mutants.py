@@ -1,6 +1,6 @@
 """Mutants: small broken copies of a lab solution, each making one classic mistake.
 
-A mutant lives in ``reference/mutants/<lab>/<mistake_name>.toml``::
+A mutant lives in ``solutions/<lab>/mutants/<mistake_name>.toml``::
 
     mistake = "free() puts a block back on the free list even while others still use it"
     caught_by = ["test_shared_block_stays_used_until_last_reference_is_freed"]
@@ -18,11 +18,11 @@ it breaks: when ``old`` no longer matches exactly once, the check fails and says
 from __future__ import annotations
 
 import shutil
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference.paths import MUTANTS_DIR, SOLUTIONS_DIR
+from reference.paths import load_toml
+from reference.paths import SOLUTIONS_DIR
 
 
 class MutantSpecError(ValueError):
@@ -64,12 +64,12 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
         MutantSpecError: a spec lacks a field or has no edit.
     """
     out = []
-    for path in sorted(MUTANTS_DIR.glob(f"{lab or 'lab*'}/*.toml")):
-        data = tomllib.loads(path.read_text())
+    for path in sorted(SOLUTIONS_DIR.glob(f"{lab or 'lab*'}/mutants/*.toml")):
+        data = load_toml(path.read_text())
         try:
             edits = [Edit(e["file"], e["old"], e["new"]) for e in data["edit"]]
             mutant = Mutant(
-                lab=path.parent.name,
+                lab=path.parent.parent.name,
                 name=path.stem,
                 mistake=data["mistake"],
                 caught_by=list(data["caught_by"]),
@@ -100,7 +100,7 @@ def build_mutant(mutant: Mutant, dest: Path) -> Path:
     """
     target = dest / mutant.lab
     shutil.copytree(SOLUTIONS_DIR / mutant.lab, target,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "mutants", "hidden"))
     for edit in mutant.edits:
         path = target / edit.file
         text = path.read_text()

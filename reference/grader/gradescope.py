@@ -2,7 +2,7 @@
 
 The zip holds, at its root (Gradescope unpacks it into ``/autograder/source``):
 
-* the student release of the chosen labs (:mod:`reference.release`) — the *trusted* copy of the
+* the student release of the chosen labs (:mod:`reference.grader.release`) — the *trusted* copy of the
   tests, ``conftest.py``, ``pyproject.toml`` and ``reference/`` that grading uses;
 * the hidden tests, as ``hidden/<lab>/`` (never ``solutions/``: a bundle holds no solution a
   submission could import);
@@ -11,7 +11,7 @@ The zip holds, at its root (Gradescope unpacks it into ``/autograder/source``):
 * ``setup.sh`` (run once when Gradescope builds the image: a virtual environment with the CPU
   build of torch and the workbook's test dependencies) and ``run_autograder`` (run per
   submission: copies the bundle to a scratch folder, lays the student's own files over it —
-  :mod:`reference.autograder` — grades, and writes ``/autograder/results/results.json``).
+  :mod:`reference.grader.autograder` — grades, and writes ``/autograder/results/results.json``).
 
 ``PAGEDLAB_AUTOGRADER_ROOT`` (default ``/autograder``) and ``PAGEDLAB_PYTHON`` let both scripts
 run outside Gradescope, which is how the tests exercise them.
@@ -26,13 +26,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from reference.hidden import hidden_test_files
-from reference.manifest import digest
+from reference.grader.hidden import hidden_test_files
+from reference.grader.autograder import CONFIG_NAME
+from reference.grader.manifest import digest
 from reference.paths import SOLUTIONS_DIR, lab_names
-from reference.runner import DEFAULT_TEST_TIMEOUT_S
+from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-CONFIG_NAME = "pagedlab-autograder.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def build_bundle(zip_path: Path, labs: list[str], *, timeout_s: float = DEFAULT_
     Returns:
         (the bundle's manifest, problems found while building).
     """
-    from reference.release import build_release, torch_pin
+    from reference.grader.release import build_release, torch_pin
 
     extra = {f"hidden/{lab}/{f.name}": f for lab in labs for f in hidden_test_files(lab)}
     with tempfile.TemporaryDirectory(prefix="pagedlab-bundle-") as tmp:
@@ -89,7 +89,7 @@ def _add_script(zf: zipfile.ZipFile, name: str, text: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from reference.grade import resolve_labs
+    from reference.paths import resolve_labs
 
     if not SOLUTIONS_DIR.is_dir():
         print("pagedlab gradescope-bundle: needs solutions/ (run it from the instructors' "

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from reference.labinfo import lab_needs
+from reference.tools.labinfo import lab_needs
 from reference.paths import lab_names
 
 INSTALL = "pip install torch==2.13.0 -e '.[dev]'"
@@ -112,7 +112,7 @@ def check_cupy() -> list[Check]:
 
 def check_nvcc() -> Check:
     """nvcc (optional: NVRTC compiles the kernels; nvcc adds resource reports)."""
-    from reference.compile import nvcc_path
+    from reference.tools.compile import nvcc_path
 
     nvcc = nvcc_path()
     if not nvcc:

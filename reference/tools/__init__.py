@@ -1,0 +1,2 @@
+"""The ``pagedlab`` command line (``cli``) and its tools: ``doctor``, ``status``, ``compile``,
+``labinfo`` and the benchmarks (``bench``). Nothing a lab imports."""
