@@ -182,11 +182,38 @@ def _short_message(report: pytest.TestReport) -> str:
     return text.strip().splitlines()[-1] if text.strip() else ""
 
 
+#: user_properties key carrying a test's grading metadata from an xdist worker to the controller.
+XDIST_PROPERTY = "pagedlab_test"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    rec = item.config._pagedlab_records.get(item.nodeid)
+    if rec is not None and call.when == "setup":
+        # NOTE: under pytest-xdist the controller never collects; it learns each test's points
+        # and lab from its setup report, so the grade table of `pytest -n auto` stays whole.
+        meta = TestResult(nodeid=rec.nodeid, lab=rec.lab, name=rec.name, doc=rec.doc,
+                          points=rec.points, hidden=rec.hidden)
+        report.user_properties.append((XDIST_PROPERTY, meta.to_json()))
+
+
+def _record_for(config: pytest.Config, report: pytest.TestReport) -> TestResult | None:
+    records = config._pagedlab_records
+    rec = records.get(report.nodeid)
+    if rec is None and getattr(config, "workerinput", None) is None:  # an xdist controller
+        meta = next((v for k, v in report.user_properties if k == XDIST_PROPERTY), None)
+        if meta is not None:
+            rec = records[report.nodeid] = TestResult.from_json(meta)
+    return rec
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None:
         return
-    rec = config._pagedlab_records.get(report.nodeid)
+    rec = _record_for(config, report)
     if rec is None:
         return
     rec.duration_s += report.duration
