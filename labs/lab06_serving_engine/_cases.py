@@ -1,0 +1,78 @@
+"""Lab 6 test helpers (given, protected): the tiny model, its Hugging Face twin, fixed prompts,
+and the scheduler invariants every test can check.
+
+Building the model and Hugging Face's reference tokens costs a few seconds, so both are cached
+for the whole test process.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+from reference.llama import PagedLlama, hf_greedy_generate, make_tiny_hf_llama
+
+BLOCK_SIZE = 4
+MAX_TOKENS = 10
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model():
+    """The seeded float64 ``LlamaForCausalLM`` every test serves."""
+    return make_tiny_hf_llama(seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def paged_model() -> PagedLlama:
+    """The same weights in the workbook's paged decoder (oracle attention)."""
+    return PagedLlama.from_hf(hf_model())
+
+
+def random_prompts(lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:
+    """Seeded random prompts of the given lengths (token ids in [0, 256))."""
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(n)] for n in lengths]
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_tokens(prompts: tuple[tuple[int, ...], ...], max_tokens: int) -> tuple[tuple[int, ...], ...]:
+    out = hf_greedy_generate(hf_model(), [list(p) for p in prompts], max_tokens)
+    return tuple(tuple(o) for o in out)
+
+
+def hf_tokens(prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+    """Hugging Face ``generate(do_sample=False)``'s tokens for each prompt (cached)."""
+    return [list(o) for o in _hf_tokens(tuple(map(tuple, prompts)), max_tokens)]
+
+
+def mismatch_report(prompts, got, want) -> str:
+    """Describes the first differing token of every mismatching request, or '' when all match."""
+    lines = []
+    for i, (p, g, w) in enumerate(zip(prompts, got, want)):
+        if list(g) != list(w):
+            k = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+            lines.append(f"  request {i} (prompt of {len(p)} tokens): first difference at output "
+                         f"token {k}: got {list(g)[k:k + 3]}..., Hugging Face {list(w)[k:k + 3]}...")
+    return "\n".join(lines)
+
+
+def check_block_invariants(llm) -> None:
+    """Asserts: ref counts equal table holdings, free + used == num_blocks, no finished holder."""
+    bm = llm.block_manager
+    live = list(llm.scheduler.running) + list(llm.scheduler.waiting)
+    holdings: dict[int, int] = {}
+    for seq in live:
+        assert seq.status.value != "finished", f"request {seq.seq_id} is finished but still queued"
+        for block_id in seq.block_table:
+            holdings[block_id] = holdings.get(block_id, 0) + 1
+    for seq in llm.scheduler.waiting:
+        assert not seq.block_table, (
+            f"waiting request {seq.seq_id} holds blocks {seq.block_table}: a preempted request "
+            "must give all its blocks back")
+    for block_id in range(bm.num_blocks):
+        held, ref = holdings.get(block_id, 0), bm.allocator.get_ref_count(block_id)
+        assert held == ref, (
+            f"block {block_id} has ref_count {ref} but {held} live requests hold it: a block "
+            "was leaked (finished or preempted request not freed) or shared without a reference")
+    assert bm.num_free_blocks == bm.num_blocks - len(holdings), (
+        f"{bm.num_free_blocks} blocks free but {len(holdings)} of {bm.num_blocks} are held")
