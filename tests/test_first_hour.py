@@ -72,3 +72,20 @@ def test_bench_on_an_unfinished_lab_names_the_todo(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "needs TODO(lab1." in proc.stderr, proc.stderr
+
+
+def test_notebook_cells_name_the_todo_they_need(capsys):
+    """A notebook cell wrapped in `student_code` prints one line naming the TODO and the file,
+    and lets the notebook go on; any other error still propagates."""
+    import pytest
+
+    from reference.notebook import student_code
+
+    with student_code("lab04_decode_kernels"):
+        raise NotImplementedError("TODO(lab4.3): plan_split_kv — how split-K cuts the contexts")
+    out = capsys.readouterr().out
+    assert "needs TODO(lab4.3)" in out and "labs/lab04_decode_kernels/starter.py" in out, out
+    assert len(out.strip().splitlines()) == 1, out
+    with pytest.raises(NotImplementedError, match="not a TODO"):
+        with student_code("lab04_decode_kernels"):
+            raise NotImplementedError("not a TODO")
