@@ -68,3 +68,15 @@ def test_the_notebook_extra_is_checked():
     for name in ("matplotlib", "ipykernel"):
         assert name in checks, f"doctor does not check {name}, which every notebook needs"
         assert checks[name].ok or ".[notebooks]" in checks[name].fix
+
+
+def test_doctor_reports_a_missing_numpy_instead_of_dying_of_it(monkeypatch):
+    """With numpy (or torch) missing — a half-finished install — doctor still runs every check
+    and reports the miss with its fix (found by .ci/python_versions.sh on a bare install)."""
+    for name in ("numpy", "torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    for name in ("reference.tools.compile", "reference.cuda"):  # re-imported without numpy
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    checks = {c.name: c for c in doctor.run_checks(gpu=False)}
+    assert "nvcc" in checks
+    assert not checks["torch"].ok and checks["torch"].fix
