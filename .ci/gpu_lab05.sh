@@ -3,7 +3,7 @@
 # Usage: .ci/gpu_lab05.sh [tests] [mutants] [bench] [diag]   (default: tests mutants bench)
 # (diag: the tensor-core kernel under compute-sanitizer racecheck and memcheck)
 # Logs, JSON and the plot go to $OUT (default bench_results/lab05). FlashInfer is installed from
-# .whl/ when that folder is present (see ../shared/tools/flashinfer_wheels.sh).
+# .whl/ when that folder is present (see reference/tools/flashinfer_wheels.sh).
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench_results/lab05}

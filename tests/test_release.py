@@ -189,12 +189,16 @@ def test_release_refuses_a_non_empty_folder(tmp_path):
 
 
 @SLOW
+@pytest.mark.timeout(1500)
 def test_release_installs_and_grades_in_a_fresh_venv(tmp_path):
     """End to end, as a student gets it: Lab 1's release installs into a new virtual
     environment (pip install torch + -e '.[dev]') and its own `pagedlab grade` collects every
     test, crashes on none, and scores 0. (~1 minute: the one slow test.)"""
+    # NOTE: ~1 minute where a CPU wheel of torch is at hand; where pip takes the registry's
+    # Linux wheel (the CUDA build, ~4.8 GB installed) it took 5+ minutes on Python 3.12 here,
+    # past the suite's 300 s limit: hence this test's own limit.
     out = tmp_path / "student"
-    proc = pagedlab(REPO_ROOT, "release", str(out), "1", timeout=900)
+    proc = pagedlab(REPO_ROOT, "release", str(out), "1", timeout=1400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fresh virtual environment" in proc.stdout
     assert "verified: every test collected, none crashed, score 0" in proc.stdout

@@ -5,10 +5,13 @@ signed log and are checked for completeness. Where the tree has a release manife
 (``.pagedlab-manifest.json``), it is verified first and its test list is what must be
 accounted for (:mod:`reference.grader.manifest`).
 
+What is graded is said above the table. In the workbook repository (it has ``solutions/``)
+``LAB_IMPL`` must be set; in a student release it defaults to ``starter``.
+
 Exit codes (for CI):
   0  graded (whatever the score);
   1  graded, but the score is below ``--fail-under``;
-  2  could not grade: bad ``LAB_IMPL``, unknown lab, a lab whose tests could not be collected,
+  2  could not grade: bad or (in the workbook repository) missing ``LAB_IMPL``, unknown lab, a lab whose tests could not be collected,
      or grading refused because protected files changed (``--on-tamper refuse``);
   3  graded, but the grade is not trustworthy as it stands: protected files edited, deleted or
      added, tests missing from the run, test files that failed to import, forged log lines.
@@ -27,7 +30,7 @@ from reference.grader.gradebook import format_table, gradescope_results, markdow
 from reference.grader.hidden import hidden_summary
 from reference.loader import LabImplError, impl_name
 from reference.grader.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
-from reference.paths import REPO_ROOT, lab_names, resolve_labs
+from reference.paths import REPO_ROOT, SOLUTIONS_DIR, lab_names, resolve_labs
 from reference.grader.progress import Progress
 from reference.grader.results import TestResult, points_float, total_points
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
@@ -104,12 +107,42 @@ def _write_outputs(args, records, implementation, notes, labs, error=None, expec
     return results
 
 
+# --- which implementation is graded: said loudly, never guessed in the workbook repository ---
+
+def _implementation_to_grade() -> str:
+    """Returns the implementation to grade: ``LAB_IMPL``, or the starter in a student release.
+
+    Returns:
+        ``"starter"`` or ``"solution"``.
+
+    Raises:
+        LabImplError: ``LAB_IMPL`` is invalid, or unset in the workbook repository.
+    """
+    # NOTE: plain pytest defaults to the solutions where solutions/ exists (so the suite proves
+    # them), but a grade of the solutions looks like full marks for the student: in the workbook
+    # repository `grade` asks instead of guessing. A release has no solutions/: starter there.
+    if not os.environ.get("LAB_IMPL", "").strip() and SOLUTIONS_DIR.is_dir():
+        raise LabImplError(
+            "this is the workbook repository (it has solutions/), so say what to grade: "
+            "LAB_IMPL=starter pagedlab grade (your code in labs/) or "
+            "LAB_IMPL=solution pagedlab grade (the reference solutions).")
+    return impl_name()
+
+
+def _describe(impl: str) -> str:
+    """Returns the header line naming the implementation graded, e.g. for the grade table."""
+    where = ("your code: labs/*/starter.py and .cu files" if impl == "starter"
+             else "the reference solutions in solutions/, not your code")
+    source = "LAB_IMPL" if os.environ.get("LAB_IMPL", "").strip() else "the default in a release"
+    return f"LAB_IMPL={impl} ({where}; set by {source})"
+
+
 def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] = (),
          extra_tamper: Tamper | None = None) -> int:
     """Grades; ``extra_notes``/``extra_tamper`` come from a caller that checked more (the
     Gradescope autograder checks the submission itself)."""
     try:
-        impl = impl_name()
+        impl = _implementation_to_grade()
     except LabImplError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
         return EXIT_CANNOT_GRADE
@@ -139,7 +172,7 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=error,
                        expected=manifest and manifest.get("tests"))
         return EXIT_CANNOT_GRADE
-    print(f"pagedlab grade: running the lab tests with LAB_IMPL={impl} ...", flush=True)
+    print(f"pagedlab grade: grading {_describe(impl)} ...", flush=True)
     progress = None if args.quiet else Progress()
     try:
         run = run_lab_tests(labs, impl=impl, test_timeout_s=args.timeout or None,
@@ -155,6 +188,7 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     if tamper and args.on_tamper == "zero":
         _zero(records, tamper.labs_affected(labs), tamper.files())
     print()
+    print(f"graded: {_describe(impl)}")
     print(format_table(summarize(records)))
     for line in hidden_summary(records):
         print(line)

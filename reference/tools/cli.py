@@ -63,11 +63,36 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(command).parse_args(argv)
     try:
         if args.command == "bench":
-            return importlib.import_module(f"reference.tools.bench.{args.name}").main(args.bench_args) or 0
+            return _bench(args.name, args.bench_args)
         return importlib.import_module(COMMANDS[args.command][0]).main(args) or 0
     except UnknownLabError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
         return 2
+
+
+def _bench(name: str, bench_args: list[str]) -> int:
+    """Runs one benchmark; an unfinished lab stops it with one line naming the TODO it needs.
+
+    Args:
+        name: the benchmark, a module of ``reference/tools/bench/``.
+        bench_args: its own command-line arguments.
+
+    Returns:
+        The benchmark's exit code; 1 when it reached a ``TODO`` of the implementation under test.
+    """
+    try:
+        return importlib.import_module(f"reference.tools.bench.{name}").main(bench_args) or 0
+    except NotImplementedError as exc:
+        # NOTE: a benchmark runs the student's code (in a release, LAB_IMPL defaults to the
+        # starter); a raw traceback would hide the one fact that matters: which task is missing.
+        todo = str(exc).splitlines()[0] if str(exc).startswith("TODO(") else None
+        if todo is None:
+            raise
+        from reference.loader import describe_impl
+
+        print(f"pagedlab bench {name}: needs {todo} first (it runs {describe_impl()}); finish "
+              "that task, then run it again.", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
