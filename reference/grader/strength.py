@@ -3,7 +3,10 @@
 (a) every lab test passes with the solutions (GPU tests may skip where there is no GPU);
 (b) untouched starters score 0, each failure being the starter's ``NotImplementedError("TODO…")``;
 (c) every mutant is caught by the tests it declares (``caught_by``), and each lab handout names
-    each of its mutants and the test that catches it.
+    each of its mutants and the test that catches it;
+(d) the contract check (:mod:`reference.grader.contracts`): every ``match=`` word and every
+    attribute a lab's tests or helpers read from the implementation is stated in its handout or
+    starter docstrings. ``--contracts`` runs only this (cheap: no test runs).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from reference.grader.contracts import check_lab_contract
 from reference.gpu import gpu_available
 from reference.loader import MUTANT_DIR_ENV
 from reference.grader.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
@@ -27,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-solution", action="store_true", help="skip (a)")
     parser.add_argument("--skip-starter", action="store_true", help="skip (b)")
     parser.add_argument("--skip-mutants", action="store_true", help="skip (c)")
+    parser.add_argument("--skip-contracts", action="store_true", help="skip (d)")
+    parser.add_argument("--contracts", action="store_true", help="run only (d), the contract check")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
 
 
@@ -116,6 +122,20 @@ def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
     return problems
 
 
+def check_contracts(labs: list[str] | None) -> list[str]:
+    """(d) Returns problems: test demands (match= words, attributes) no handout or docstring states."""
+    from reference.paths import lab_names
+
+    problems = []
+    for lab in labs or lab_names():
+        report = check_lab_contract(lab)
+        found = report.problems()
+        print(f"(d) contract {lab}: {report.num_patterns} match= patterns, "
+              f"{report.num_attributes} attribute reads, {len(found)} unstated")
+        problems += found
+    return problems
+
+
 def main(args: argparse.Namespace) -> int:
     from reference.paths import resolve_labs
 
@@ -124,7 +144,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     labs = resolve_labs(args.labs) if args.labs else None
     problems: list[str] = []
+    if args.contracts:
+        args.skip_solution = args.skip_starter = args.skip_mutants = True
     try:
+        if not args.skip_contracts:
+            problems += check_contracts(labs)
         if not args.skip_solution:
             problems += check_solution(labs)
         if not args.skip_starter:
@@ -138,5 +162,8 @@ def main(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"  - {p}")
         return 1
+    if args.contracts:
+        print("\npagedlab check: every contract the tests hold students to is stated")
+        return 0
     print("\npagedlab check: the tests are strong (solutions pass, starters score 0, mutants caught)")
     return 0
