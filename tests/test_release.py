@@ -239,3 +239,13 @@ def test_release_holds_no_caches(release):
     caches = [p for p in release.rglob("*") if p.is_dir() and p.name in
               ("__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints")]
     assert not caches, f"caches in the release: {caches[:5]}"
+
+
+def test_release_ships_student_safe_diagnosis(release):
+    """Lab 1's release holds labs/<lab>/_diagnosis.json — every mutant's mistake in words, its
+    handout section and the tests it fails, no solution code — protected by the manifest."""
+    rel = "labs/lab01_block_manager/_diagnosis.json"
+    data = json.loads((release / rel).read_text())
+    assert data["mutants"] and all(set(e) == {"mistake", "see", "failing"}
+                                   for e in data["mutants"].values())
+    assert rel in load_manifest(release / MANIFEST_NAME)["files"]

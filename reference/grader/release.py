@@ -6,6 +6,8 @@ folders. Without ``solutions/`` the default is ``LAB_IMPL=starter``. Notebooks k
 markdown and code but lose their outputs (they were executed with the solutions). It adds the
 GitHub Classroom workflow (``.github/workflows/classroom.yml``, one step per lab) and the
 manifest (``.pagedlab-manifest.json``: hashes of every protected file and the tests to expect).
+Each lab with mutant signatures gets ``labs/<lab>/_diagnosis.json`` (mistakes in words and the
+tests they fail, for ``grade``/``status`` feedback; protected like every ``_*`` helper).
 Its ``README.md`` is the student README (``templates/student_README.md``), not the instructors'
 one, and it holds no cache folders.
 
@@ -32,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reference.grader.classroom import render_workflow
+from reference.grader.diagnosis import DIAGNOSIS, student_diagnosis
 from reference.grader.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest, digest, sha256_file,
                                 walk_files, write_manifest)
 from reference.grader.notebook_strip import has_outputs, strip_outputs
@@ -188,6 +191,11 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
     for rel, src in (extra or {}).items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, out / rel)
+    for lab in labs:
+        # Student-safe failure signatures (mistake in words + failing tests; no solution code).
+        diagnosis = student_diagnosis(lab)
+        if diagnosis is not None:
+            (out / "labs" / lab / DIAGNOSIS).write_text(json.dumps(diagnosis, indent=1) + "\n")
     stripped = sum(strip_outputs(out / f) for f in files if f.endswith(".ipynb"))
     log(f"  copied {len(files) + len(extra or {})} files; cleared {stripped} notebook cell outputs")
     paths = [f"labs/{lab}" for lab in labs]
