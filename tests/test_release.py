@@ -219,3 +219,37 @@ def test_a_solution_shipped_as_starter_is_a_leak(tmp_path):
     assert proc.returncode == 1
     assert "labs/lab96_x/starter.py is a copy of solutions/lab96_x/solution.py" in proc.stdout
     assert "shared.cuh" not in proc.stdout
+
+
+def test_release_readme_speaks_to_students(release):
+    """The release's README.md is the student README: the quickstart installs
+    `.[dev,notebooks]` (notebooks need matplotlib), says `pytest` runs the student's own code,
+    shows how to run, grade and get help — and holds none of the instructors' sections."""
+    text = (release / "README.md").read_text()
+    assert text != (REPO_ROOT / "README.md").read_text(), "the release ships the instructor README"
+    assert "-e '.[dev,notebooks]'" in text, "the quickstart must install the notebooks extra"
+    for needed in ("pagedlab status", "pagedlab grade", "pagedlab hint", "pytest labs/",
+                   "NotImplementedError", "lab01_block_manager"):
+        assert needed in text, f"student README lacks {needed!r}"
+    assert "| [1](labs/lab01_block_manager/README.md) |" in text and "| 41 |" in text
+    assert "$" not in text.replace("$ ", ""), "a template placeholder was left unfilled"
+    for instructor_only in ("Gradescope", "hidden test", "pagedlab release", "For instructors",
+                            "reference solutions", "solutions/", "mutant"):
+        assert instructor_only not in text, f"student README mentions {instructor_only!r}"
+
+
+def test_release_holds_no_caches(release):
+    """No __pycache__, .pytest_cache or other cache folder ends up in the release folder."""
+    caches = [p for p in release.rglob("*") if p.is_dir() and p.name in
+              ("__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints")]
+    assert not caches, f"caches in the release: {caches[:5]}"
+
+
+def test_release_ships_student_safe_diagnosis(release):
+    """Lab 1's release holds labs/<lab>/_diagnosis.json — every mutant's mistake in words, its
+    handout section and the tests it fails, no solution code — protected by the manifest."""
+    rel = "labs/lab01_block_manager/_diagnosis.json"
+    data = json.loads((release / rel).read_text())
+    assert data["mutants"] and all(set(e) == {"mistake", "see", "failing"}
+                                   for e in data["mutants"].values())
+    assert rel in load_manifest(release / MANIFEST_NAME)["files"]

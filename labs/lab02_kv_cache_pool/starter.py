@@ -365,7 +365,8 @@ class KVCachePool:
             int64 slots on the pool's device.  # [sum(num_new_tokens)]
 
         Raises:
-            TypeError / ValueError: mismatched lengths, repeated ids, bad counts, or new tokens
+            TypeError / ValueError: mismatched lengths, repeated ids (the message says
+                ``repeats``), bad counts (naming ``num_new_tokens``), or new tokens
                 that would land in a block another sequence shares (append first: it copies).
             UnknownSequenceError: an id is not live.
         """

@@ -272,7 +272,8 @@ def prepare_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
         device: where the tensors go.
 
     Returns:
-        ``StepInputs`` (``reference/llama.py``): row ``i`` of ``block_tables`` and
+        ``StepInputs`` (``reference/llama.py``: ``input_ids``, ``positions``, ``slot_mapping``,
+        ``block_tables``, ``context_lens``, ``query_start_loc``, ...): row ``i`` of ``block_tables`` and
         ``context_lens`` belongs to ``scheduled[i]``; new tokens of request ``i`` sit at
         ``query_start_loc[i]:query_start_loc[i + 1]``.
     """

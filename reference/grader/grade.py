@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 
 from reference.grader.classroom import classroom_result, write_step_output
+from reference.grader import last_run
+from reference.grader.diagnosis import diagnosis_lines
 from reference.grader.gradebook import format_table, gradescope_results, markdown_summary, summarize, todos
 from reference.grader.hidden import hidden_summary
 from reference.loader import LabImplError, impl_name
@@ -185,6 +187,8 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         return EXIT_CANNOT_GRADE
     records = run.records
     notes += run.problems
+    if not run.problems and not tamper and not args.no_hidden:
+        last_run.store(records, labs, impl)  # lets `pagedlab status` skip unchanged labs
     if tamper and args.on_tamper == "zero":
         _zero(records, tamper.labs_affected(labs), tamper.files())
     print()
@@ -194,6 +198,8 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         print(line)
     for note in notes:
         print(f"! {note}")
+    for line in diagnosis_lines(records):
+        print(line)
     left = todos(records)
     if left:
         print("\nStill to do (first failing TODOs):")

@@ -6,6 +6,10 @@ folders. Without ``solutions/`` the default is ``LAB_IMPL=starter``. Notebooks k
 markdown and code but lose their outputs (they were executed with the solutions). It adds the
 GitHub Classroom workflow (``.github/workflows/classroom.yml``, one step per lab) and the
 manifest (``.pagedlab-manifest.json``: hashes of every protected file and the tests to expect).
+Each lab with mutant signatures gets ``labs/<lab>/_diagnosis.json`` (mistakes in words and the
+tests they fail, for ``grade``/``status`` feedback; protected like every ``_*`` helper).
+Its ``README.md`` is the student README (``templates/student_README.md``), not the instructors'
+one, and it holds no cache folders.
 
 Before writing it checks that every starter matches its solution's public API, signatures and
 docstrings (:mod:`reference.grader.parity`). After writing it verifies the release: a copy is installed
@@ -30,11 +34,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reference.grader.classroom import render_workflow
+from reference.grader.diagnosis import DIAGNOSIS, student_diagnosis
 from reference.grader.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest, digest, sha256_file,
                                 walk_files, write_manifest)
 from reference.grader.notebook_strip import has_outputs, strip_outputs
 from reference.grader.parity import check_lab
 from reference.grader.results import points_float, total_points
+from reference.grader.student_readme import render_student_readme
 from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR, lab_names
 
 #: Top-level folders a student never gets.
@@ -144,6 +150,9 @@ def leaks(out: Path, allowed: set[str] = frozenset()) -> list[str]:
                     and "__pycache__" not in path.parts:
                 rel = path.relative_to(SOLUTIONS_DIR).as_posix()
                 solution_files.setdefault(sha256_file(path), []).append(rel)
+    caches = {".pytest_cache", "__pycache__", ".hypothesis", ".ipynb_checkpoints"}
+    problems += [f"release contains a cache folder: {p.relative_to(out)}"
+                 for p in out.rglob("*") if p.is_dir() and p.name in caches]
     for rel in walk_files(out):
         if rel in allowed:
             continue
@@ -182,6 +191,11 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
     for rel, src in (extra or {}).items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, out / rel)
+    for lab in labs:
+        # Student-safe failure signatures (mistake in words + failing tests; no solution code).
+        diagnosis = student_diagnosis(lab)
+        if diagnosis is not None:
+            (out / "labs" / lab / DIAGNOSIS).write_text(json.dumps(diagnosis, indent=1) + "\n")
     stripped = sum(strip_outputs(out / f) for f in files if f.endswith(".ipynb"))
     log(f"  copied {len(files) + len(extra or {})} files; cleared {stripped} notebook cell outputs")
     paths = [f"labs/{lab}" for lab in labs]
@@ -194,6 +208,9 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
             problems.append(f"{lab}: no test collected")
     log(f"  collected {sum(len(t) for t in tests.values())} tests: "
         + ", ".join(f"{lab} {m:g} points" for lab, m in lab_max.items()))
+    # The student reads this README first: it replaces the instructors' one.
+    (out / "README.md").write_text(render_student_readme(labs, lab_max, torch_pin()))
+    problems += remove_caches(out)
     info = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "source_commit": _git_head(), "labs": labs, "torch": torch_pin()}
     # The workflow pins the manifest's digest (which leaves .github/ out), and the manifest
@@ -208,6 +225,21 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
     write_manifest(out, manifest)
     problems += leaks(out, set(extra or {}))
     return manifest, problems
+
+
+def remove_caches(out: Path) -> list[str]:
+    """Deletes cache folders that collecting the tests may leave in a release.
+
+    Returns:
+        Problems: caches that could not be removed.
+    """
+    problems = []
+    for path in sorted(out.rglob("*"), reverse=True):
+        if path.is_dir() and (path.name in SKIP_DIRS - {"build", "dist"}) and path.name != ".github":
+            shutil.rmtree(path, ignore_errors=True)
+            if path.exists():
+                problems.append(f"release holds a cache folder it could not remove: {path}")
+    return problems
 
 
 def _git_head() -> str:

@@ -3,7 +3,14 @@
 (a) every lab test passes with the solutions (GPU tests may skip where there is no GPU);
 (b) untouched starters score 0, each failure being the starter's ``NotImplementedError("TODO…")``;
 (c) every mutant is caught by the tests it declares (``caught_by``), and each lab handout names
-    each of its mutants and the test that catches it.
+    each of its mutants and the test that catches it;
+(d) the contract check (:mod:`reference.grader.contracts`): every ``match=`` word and every
+    attribute a lab's tests or helpers read from the implementation is stated in its handout or
+    starter docstrings. ``--contracts`` runs only this (cheap: no test runs).
+
+``--signatures`` (instead of (a)-(d)) runs ALL of a lab's public tests against each mutant this
+machine can run and stores the set of tests it fails in ``solutions/<lab>/mutants/signatures.json``
+(:mod:`reference.grader.diagnosis`): what ``grade`` and ``status`` match a student's failures against.
 """
 
 from __future__ import annotations
@@ -14,6 +21,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import json
+
+from reference.grader.contracts import check_lab_contract
+from reference.grader.diagnosis import handout_section, signatures_path
 from reference.gpu import gpu_available
 from reference.loader import MUTANT_DIR_ENV
 from reference.grader.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
@@ -27,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-solution", action="store_true", help="skip (a)")
     parser.add_argument("--skip-starter", action="store_true", help="skip (b)")
     parser.add_argument("--skip-mutants", action="store_true", help="skip (c)")
+    parser.add_argument("--skip-contracts", action="store_true", help="skip (d)")
+    parser.add_argument("--contracts", action="store_true", help="run only (d), the contract check")
+    parser.add_argument("--signatures", action="store_true",
+                        help="compute and store each mutant's failure signature (all its lab's tests)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
 
 
@@ -116,6 +131,75 @@ def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
     return problems
 
 
+def _signature(mutant: Mutant) -> tuple[Mutant, list[str] | None, str | None]:
+    """Returns (mutant, sorted names of the public tests it fails, problem or None)."""
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        try:
+            folder = build_mutant(mutant, Path(tmp))
+            run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
+                                include_hidden=False, timeout_s=1800)
+        except (MutantSpecError, GradingRunError) as exc:
+            return mutant, None, str(exc)
+    failing = sorted({r.func_name for r in run.records if r.failed})
+    escaped = [n for n in mutant.caught_by if n not in failing]
+    problem = f"passes its own caught_by tests {escaped}" if escaped else None
+    return mutant, failing, problem
+
+
+def compute_signatures(labs: list[str] | None, jobs: int) -> list[str]:
+    """Runs every runnable mutant against all its lab's public tests; writes signatures.json.
+
+    Entries of mutants this machine cannot run (GPU) are kept from the previous file; entries of
+    mutants that no longer exist are dropped.
+
+    Returns:
+        Problems (a mutant that broke the run or passes the tests it claims to fail).
+    """
+    mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
+    have_gpu = gpu_available()
+    runnable = [m for m in mutants if have_gpu or not m.requires_gpu]
+    print(f"signatures: running all tests against {len(runnable)} mutants "
+          f"({len(mutants) - len(runnable)} need a GPU: previous entries kept)")
+    found: dict[str, dict[str, list[str]]] = {}
+    problems = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for mutant, failing, problem in pool.map(_signature, runnable):
+            print(f"      {mutant.lab}/{mutant.name}: "
+                  + (f"fails {len(failing)} tests" if failing is not None else "-")
+                  + (f"  PROBLEM: {problem}" if problem else ""))
+            if problem:
+                problems.append(f"mutant {mutant.lab}/{mutant.name}: {problem}")
+            if failing is not None:
+                found.setdefault(mutant.lab, {})[mutant.name] = failing
+    for lab in sorted({m.lab for m in mutants}):
+        path = signatures_path(lab)
+        old = json.loads(path.read_text()).get("mutants", {}) if path.is_file() else {}
+        entries = {}
+        for m in (m for m in mutants if m.lab == lab):
+            failing = found.get(lab, {}).get(m.name, old.get(m.name, {}).get("failing"))
+            if failing is None:
+                continue
+            entries[m.name] = {"mistake": m.mistake, "see": handout_section(lab, m.name),
+                               "caught_by": m.caught_by, "failing": failing}
+        path.write_text(json.dumps({"format": 1, "mutants": entries}, indent=1) + "\n")
+        print(f"      wrote {path.relative_to(SOLUTIONS_DIR.parent)} ({len(entries)} mutants)")
+    return problems
+
+
+def check_contracts(labs: list[str] | None) -> list[str]:
+    """(d) Returns problems: test demands (match= words, attributes) no handout or docstring states."""
+    from reference.paths import lab_names
+
+    problems = []
+    for lab in labs or lab_names():
+        report = check_lab_contract(lab)
+        found = report.problems()
+        print(f"(d) contract {lab}: {report.num_patterns} match= patterns, "
+              f"{report.num_attributes} attribute reads, {len(found)} unstated")
+        problems += found
+    return problems
+
+
 def main(args: argparse.Namespace) -> int:
     from reference.paths import resolve_labs
 
@@ -124,7 +208,16 @@ def main(args: argparse.Namespace) -> int:
         return 2
     labs = resolve_labs(args.labs) if args.labs else None
     problems: list[str] = []
+    if args.signatures:
+        problems = compute_signatures(labs, args.jobs)
+        for p in problems:
+            print(f"  - {p}")
+        return 1 if problems else 0
+    if args.contracts:
+        args.skip_solution = args.skip_starter = args.skip_mutants = True
     try:
+        if not args.skip_contracts:
+            problems += check_contracts(labs)
         if not args.skip_solution:
             problems += check_solution(labs)
         if not args.skip_starter:
@@ -138,5 +231,8 @@ def main(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"  - {p}")
         return 1
+    if args.contracts:
+        print("\npagedlab check: every contract the tests hold students to is stated")
+        return 0
     print("\npagedlab check: the tests are strong (solutions pass, starters score 0, mutants caught)")
     return 0

@@ -24,6 +24,8 @@ from reference.paths import UnknownLabError
 # name -> (module, help)
 COMMANDS = {
     "status": ("reference.tools.status", "my labs: points so far and the next TODO (honours LAB_IMPL)"),
+    "hint": ("reference.tools.hint", "graded hints for a TODO: pagedlab hint lab3.2 --level 1|2|3"),
+    "show": ("reference.tools.show", "draw your Lab 1 block manager / Lab 2 pool after each step of a scenario"),
     "doctor": ("reference.tools.doctor", "what this machine has (Python, torch, CuPy, GPU) and which labs run here"),
     "grade": ("reference.grader.grade", "run the lab tests and grade them (honours LAB_IMPL)"),
     "check": ("reference.grader.strength", "prove test strength: solutions pass, starters 0, mutants caught"),

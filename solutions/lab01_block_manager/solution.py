@@ -166,6 +166,12 @@ class BlockManager:
     """Hands out physical block ids, counts references, and caches full blocks by hash.
 
     Thread-safe: every public method holds one lock, so a call is atomic.
+
+    Attributes:
+        num_blocks: number of physical blocks.
+        blocks: one ``KVCacheBlock`` per block id.
+        free_block_queue: the ``FreeBlockQueue`` of free blocks (the tests walk it).
+        cached_block_hash_to_block: block hash -> the block caching that content.
     """
 
     def __init__(self, num_blocks: int) -> None:

@@ -177,7 +177,8 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         causal: a tile visits keys up to its last row's diagonal only.
 
     Returns:
-        The plan; empty sequences contribute no tile.
+        The plan (a ``TilePlan``: ``work``, ``num_kv_tiles``, ``max_context_len`` ... — see its
+        docstring in ``_launch.py``); empty sequences contribute no tile.
 
     Raises:
         ValueError: bad values, naming ``cu_seqlens_q`` or ``context_lens`` and the first bad

@@ -1,0 +1,44 @@
+"""The student README a release ships in place of the instructors' one.
+
+The source repository keeps its own ``README.md`` (quickstart against the solutions, grading
+internals, Gradescope, hidden tests, releasing); a student reads none of that. The release
+writes ``templates/student_README.md`` instead, filled in with the labs it holds.
+"""
+
+from __future__ import annotations
+
+import string
+import sys
+from pathlib import Path
+
+from reference.tools.labinfo import lab_needs, lab_title
+
+TEMPLATE = Path(__file__).resolve().parent / "templates" / "student_README.md"
+
+
+def lab_table(labs: list[str], lab_max: dict[str, float]) -> str:
+    """Returns the Markdown rows of the labs table (one row per released lab).
+
+    Args:
+        labs: lab folder names, in lab order.
+        lab_max: lab -> its maximum points in the release.
+    """
+    rows = []
+    for lab in labs:
+        number = int(lab[3:5])
+        rows.append(f"| [{number}](labs/{lab}/README.md) | {lab_title(lab)} | `[{lab_needs(lab)}]` "
+                    f"| {lab_max.get(lab, 0):g} |")
+    return "\n".join(rows)
+
+
+def render_student_readme(labs: list[str], lab_max: dict[str, float], torch_pin: str) -> str:
+    """Returns the student README of a release.
+
+    Args:
+        labs: the released lab folder names.
+        lab_max: lab -> maximum points (from the collected tests).
+        torch_pin: the torch requirement the quickstart installs (``torch==2.x.y``).
+    """
+    return string.Template(TEMPLATE.read_text()).substitute(
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        torch_pin=torch_pin, lab_table=lab_table(labs, lab_max))

@@ -1,0 +1,78 @@
+"""Infrastructure (no points): the contract check finds what tests demand but nobody states, and
+every lab passes it."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import reference.grader.contracts as contracts
+from reference.grader.contracts import check_lab_contract, match_words
+from reference.paths import lab_names
+
+
+@pytest.mark.parametrize("lab", lab_names())
+def test_every_lab_states_its_contract(lab):
+    """Every match= word and every implementation attribute a lab's tests or helpers read is
+    named in the lab's handout or starter docstrings."""
+    problems = check_lab_contract(lab).problems()
+    assert not problems, "\n".join(problems) + "\n(state them in the handout or starter docstrings)"
+
+
+def test_match_words_keep_names_and_drop_regex():
+    """A pattern's words are its identifiers (3+ characters) and every name= name, however short;
+    regex escapes and metacharacters are not words."""
+    assert match_words(r"\bn=2\b") == {"n"}
+    assert match_words(r"block_ids\[0\] .* repeats") == {"block_ids", "repeats"}
+    assert match_words("num_new_tokens") == {"num_new_tokens"}
+
+
+def _lab(tmp_path, handout: str, starter: str, test: str, helper: str = "") -> str:
+    lab = tmp_path / "lab09_demo"
+    lab.mkdir()
+    (lab / "README.md").write_text(handout)
+    (lab / "starter.py").write_text(textwrap.dedent(starter))
+    (lab / "test_lab09_demo.py").write_text(textwrap.dedent(test))
+    if helper:
+        (lab / "_state.py").write_text(textwrap.dedent(helper))
+    return lab.name
+
+
+def test_unstated_words_and_attributes_are_reported(tmp_path, monkeypatch):
+    """A match= word given through a parametrize list or a helper's argument, an attribute read
+    by a helper on an object the implementation built, and an impl.X the starter does not
+    define are all reported; words the docstrings state are not."""
+    monkeypatch.setattr(contracts, "LABS_DIR", tmp_path)
+    lab = _lab(tmp_path, "# Lab 9\nErrors name `budget`.\n", '''
+        """Lab 9."""
+        class Pool:
+            """A pool.
+
+            Attributes:
+                num_blocks: blocks in the pool.
+            """
+    ''', '''
+        import pytest
+        from _state import check
+
+        def _refused(call, error, match=None):
+            with pytest.raises(error, match=match):
+                call()
+
+        @pytest.mark.parametrize("value, word", [(1, "budget"), (2, "secret_word")])
+        def test_a(impl, value, word):
+            pool = impl.Pool()
+            with pytest.raises(ValueError, match=word):
+                pool.grow(value)
+            _refused(lambda: pool.grow(3), ValueError, "hidden_rule=")
+            check(pool)
+            impl.UNDEFINED_CONSTANT
+    ''', helper='''
+        def check(pool):
+            assert pool.num_blocks >= pool.num_slots
+    ''')
+    report = check_lab_contract(lab)
+    assert set(report.missing_match_words) == {"secret_word", "hidden_rule"}
+    assert set(report.missing_attributes) == {"num_slots", "grow", "UNDEFINED_CONSTANT"}
+    assert all(lab in line for line in report.problems())
