@@ -229,7 +229,7 @@ def check_on_cuda(**tensors) -> None:
         if t.device != first.device:
             raise DeviceMismatchError(f"{name} is on {t.device} but {first_name} is on "
                                       f"{first.device}: every tensor must be on one CUDA device")
-    if first.device.type != "cuda":
+    if not rcuda.device_ok(first.device):  # CUDA, or the CPU under PAGEDLAB_DEVICE=emulate
         raise DeviceMismatchError(f"{first_name} is on {first.device}: the decode kernels need "
                                   "CUDA tensors (every check before this one passed)")
 
@@ -259,10 +259,8 @@ def _options(shape: DecodeShape, **defines) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _num_sms(device) -> int:
+    return rcuda.num_sms(device)
 
 
 def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:

@@ -282,7 +282,7 @@ def check_on_cuda(**tensors) -> None:
         if t.device != first.device:
             raise DeviceMismatchError(f"{name} is on {t.device} but {first_name} is on "
                                       f"{first.device}: every tensor must be on one CUDA device")
-    if first.device.type != "cuda":
+    if not rcuda.device_ok(first.device):  # CUDA, or the CPU under PAGEDLAB_DEVICE=emulate
         raise DeviceMismatchError(f"{first_name} is on {first.device}: the decode kernels need "
                                   "CUDA tensors (every check before this one passed)")
 
@@ -328,10 +328,8 @@ def _options(shape: DecodeShape, **defines) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _num_sms(device) -> int:
+    return rcuda.num_sms(device)
 
 
 def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:
@@ -557,7 +555,7 @@ def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_
     if plan is None:
         max_len = shape.table_tokens if max_context_len is None else int(max_context_len)
         plan = plan_split_kv(shape.num_seqs, shape.num_kv_heads, max_len,
-                             _num_sms(q.device.index or 0), block_size=shape.block_size,
+                             _num_sms(q.device), block_size=shape.block_size,
                              target_ctas_per_sm=target_ctas_per_sm,
                              max_partition_size=max_partition or MAX_PARTITION_SIZE)
     out = _new_out(shape, q, out)

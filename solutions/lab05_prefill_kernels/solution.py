@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.cuda import as_torch, get_kernel, is_cupy, launch, like_input, ptr
+from reference.cuda import (as_torch, device_ok, emulating, get_kernel, is_cupy, launch,
+                            like_input, ptr)
 from reference.errors import DeviceMismatchError, UnsupportedConfigError
 from reference.layout import num_blocks_for
 
@@ -454,7 +455,7 @@ def check_on_cuda(**arrays) -> None:
             here = (x.device.type, x.device.index)
         else:  # CuPy arrays always live on a GPU
             here = ("cuda", int(x.device.id))
-        if here[0] != "cuda":
+        if here[0] != "cuda" and not (here[0] == "cpu" and device_ok(x.device)):
             raise DeviceMismatchError(f"{name} is on {here[0]}: the kernel needs CUDA tensors "
                                       f"(or CuPy arrays), all on one GPU")
         if device is None:
@@ -510,6 +511,9 @@ def _empty_like(q):
 @contextlib.contextmanager
 def _device_of(q):
     """Makes the tensor's GPU current for torch (stream) and CuPy (module load, launch)."""
+    if emulating():  # the emulated device has no "current GPU"
+        yield
+        return
     import cupy
     import torch
 
