@@ -48,7 +48,7 @@ NUM_SMS = 8
 EMU_INCLUDE_DIR = Path(__file__).resolve().parent / "include" / "emulate"
 ENGINE_HEADER = EMU_INCLUDE_DIR / "pagedlab_emu.h"
 CXX = os.environ.get("CXX", "g++")
-CXX_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+CXX_FLAGS = ("-O1", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
              "-Wno-unknown-pragmas", "-Wno-attributes")
 
 _forced: list[bool] = []

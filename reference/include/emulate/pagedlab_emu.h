@@ -18,6 +18,9 @@
 //     6-register swap on x86-64 (glibc ucontext elsewhere, which is slower: it makes a
 //     sigprocmask system call per switch). A __syncthreads costs a few nanoseconds per thread,
 //     not an OS-thread wake-up; thousands of threads never need thousands of OS threads.
+//   * warps run in order, each as far as it can (to a barrier or its end) before the next
+//     starts: a missing __syncthreads between a write and a read of shared memory by different
+//     warps then gives a wrong answer deterministically instead of a lucky pass.
 //   * blocks run one after another on the calling OS thread, each starting from poisoned shared
 //     memory (every byte 0xFF: NaN as a float or half, -1 as an int), so a read of shared memory
 //     no thread wrote in this block shows up as NaN instead of a lucky leftover.
@@ -1087,9 +1090,20 @@ inline void run_block(Launch& l) {
     f.committed = 0;
     prepare_fiber(f);
   }
+  // Warp-major, run-ahead order: warp 0 runs as far as it can (to a __syncthreads or its end)
+  // before warp 1 starts. A warp that writes shared memory another warp has not read yet, or
+  // reads what another warp has not written yet, then sees the wrong value every time: a
+  // missing barrier shows up as a wrong answer (or poisoned NaN), not as a lucky pass.
+  const int num_warps = int(l.warps.size());
   while (l.n_done < l.num_threads) {
-    for (Fiber& f : l.fibers)
-      if (f.state == RUNNABLE) switch_to(f);
+    for (int w = 0; w < num_warps; ++w) {
+      const int lo = w * 32, hi = std::min(lo + 32, l.num_threads);
+      for (bool again = true; again;) {
+        again = false;
+        for (int i = lo; i < hi; ++i)
+          if (l.fibers[i].state == RUNNABLE) { switch_to(l.fibers[i]); again = true; }
+      }
+    }
     current_ref() = nullptr;
     if (l.n_runnable == 0 && l.n_done < l.num_threads) resolve_block(l);
   }
