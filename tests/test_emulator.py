@@ -408,3 +408,26 @@ def test_without_emulation_cpu_tensors_still_raise():
     with emulate.emulation(False), pytest.raises(DeviceMismatchError):
         lab4().KERNELS["v1"](*args, scale)
     assert REPO_ROOT.is_dir()
+
+
+# ----------------------------------------------------------------------------- Lab 5 kernels
+
+LAB5 = "lab05_prefill_kernels"
+
+
+@pytest.mark.skipif(not (SOLUTIONS_DIR / LAB5).is_dir(), reason="needs the solutions/ folder")
+@pytest.mark.parametrize("kernel_name, dtype, alibi", [
+    ("naive", "float32", False), ("naive", "float16", True), ("tiled", "float16", False),
+    ("tiled", "bfloat16", True), ("tc", "float16", False), ("tc", "bfloat16", True)])
+def test_lab5_solution_kernels_match_the_oracle_emulated(kernel_name, dtype, alibi):
+    """Every Lab 5 solution kernel (naive, tiled, tensor-core), through its launcher on CPU
+    tensors, matches the float64 oracle within the GPU tests' tolerance: ragged query lengths
+    over history, GQA, ALiBi, a sequence with a single new token."""
+    from labs.lab05_prefill_kernels._cases import check_close, launcher, make_batch, oracle
+    from reference.loader import load_impl
+
+    impl = load_impl(LAB5, "solution")
+    batch = make_batch(3, [5, 1, 40], [0, 17, 30], 4, 2, 64, 16, dtype=dtype, alibi=alibi,
+                       device="cpu")
+    out = launcher(impl, kernel_name)(**batch)
+    check_close(out, oracle(batch), batch, dtype=dtype, what=f"{kernel_name} (emulated)")
