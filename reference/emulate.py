@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from reference.errors import (KernelDeadlockError, KernelFaultError, KernelOutOfBoundsError,
-                              UnsupportedConfigError)
+                              KernelTimeoutError, UnsupportedConfigError)
 
 #: ``PAGEDLAB_DEVICE=emulate`` selects the emulated device; anything else (or unset) the GPU.
 DEVICE_ENV = "PAGEDLAB_DEVICE"
@@ -48,7 +48,7 @@ NUM_SMS = 8
 EMU_INCLUDE_DIR = Path(__file__).resolve().parent / "include" / "emulate"
 ENGINE_HEADER = EMU_INCLUDE_DIR / "pagedlab_emu.h"
 CXX = os.environ.get("CXX", "g++")
-CXX_FLAGS = ("-O1", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+CXX_FLAGS = (os.environ.get("PAGEDLAB_EMU_OPT", "-O0"), "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
              "-Wno-unknown-pragmas", "-Wno-attributes")
 
 _forced: list[bool] = []
@@ -604,6 +604,8 @@ def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0) -> No
     kernel.last_seconds = time.perf_counter() - start
     if rc:
         msg = err.value.decode(errors="replace")
+        if "PAGEDLAB_EMU_TIMEOUT" in msg:
+            raise KernelTimeoutError(msg)
         if "deadlock" in msg:
             raise KernelDeadlockError(msg)
         if "out-of-bounds" in msg or "invalid read" in msg or "invalid write" in msg or (

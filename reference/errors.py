@@ -66,3 +66,8 @@ class KernelOutOfBoundsError(KernelFaultError, IndexError):
 class KernelDeadlockError(KernelFaultError):
     """A ``__syncthreads()`` or warp collective that not every thread it waits for reaches:
     the message names the barrier's line and the threads that are missing."""
+
+
+class KernelTimeoutError(KernelFaultError):
+    """An emulated kernel ran past its CPU-time limit (``PAGEDLAB_EMU_TIMEOUT`` seconds, 120 by
+    default): most likely an endless loop. It costs the test, never the whole run."""

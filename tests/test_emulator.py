@@ -431,3 +431,15 @@ def test_lab5_solution_kernels_match_the_oracle_emulated(kernel_name, dtype, ali
                        device="cpu")
     out = launcher(impl, kernel_name)(**batch)
     check_close(out, oracle(batch), batch, dtype=dtype, what=f"{kernel_name} (emulated)")
+
+
+def test_endless_loop_stops_with_a_timeout(tmp_path, monkeypatch):
+    """A kernel that never ends stops after PAGEDLAB_EMU_TIMEOUT seconds of CPU time with an
+    error naming the kernel and a thread, instead of hanging the test run."""
+    from reference.errors import KernelTimeoutError
+
+    monkeypatch.setenv("PAGEDLAB_EMU_TIMEOUT", "1")
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(volatile int* flag) { while (*flag == 0) {} }""")
+    with pytest.raises(KernelTimeoutError, match=r"kernel k, block \(0, 0, 0\)"):
+        rcuda.launch(k, (1,), (2,), (rcuda.ptr(torch.zeros(1, dtype=torch.int32)),))

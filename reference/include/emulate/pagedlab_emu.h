@@ -61,6 +61,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <unistd.h>
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -946,16 +947,28 @@ namespace pagedlab_emu {
 // ----------------------------------------------------------------------------- traps
 
 struct TrapState {
-  struct sigaction old_segv, old_bus, old_fpe;
+  struct sigaction old_segv, old_bus, old_fpe, old_vtalrm;
+  struct itimerval old_timer;
   stack_t old_stack;
   std::vector<unsigned char> alt;
 };
+
+inline double time_limit_s() {
+  const char* env = std::getenv("PAGEDLAB_EMU_TIMEOUT");
+  const double v = env ? std::atof(env) : 0.0;
+  return v > 0 ? v : 120.0;
+}
 
 inline std::string describe_fault(void* addr, bool is_write, int sig) {
   Launch& l = L();
   Fiber* f = current_ref();
   std::string who = std::string("kernel ") + l.kernel + ", " + (f ? where(*f) : "?") + ": ";
   if (sig == SIGFPE) return who + "arithmetic trap (an integer division by zero?)";
+  if (sig == SIGVTALRM) {
+    return who + "still running after " + std::to_string(int(time_limit_s())) +
+           " s of CPU time (PAGEDLAB_EMU_TIMEOUT): an endless loop? (the thread named is the "
+           "one that was running when the limit hit)";
+  }
   const unsigned char* a = static_cast<const unsigned char*>(addr);
   const Region* best = nullptr;
   long long best_dist = 0;
@@ -998,7 +1011,8 @@ inline std::string describe_fault(void* addr, bool is_write, int sig) {
 
 inline void on_trap(int sig, siginfo_t* info, void* ctx) {
   Launch* l = launch_ref();
-  if (!l || !l->running) {  // not ours: let the previous handler have it
+  if (!l || !l->running) {  // not ours
+    if (sig == SIGVTALRM) return;  // the alarm hit another thread: the launch is over soon
     signal(sig, SIG_DFL);
     return;
   }
@@ -1009,7 +1023,7 @@ inline void on_trap(int sig, siginfo_t* info, void* ctx) {
   (void)ctx;
 #endif
   l->error = describe_fault(info->si_addr, is_write, sig);
-  siglongjmp(l->jmp, 1);
+  siglongjmp(l->jmp, sig == SIGVTALRM ? 3 : 1);
 }
 
 inline void install_traps(TrapState& t) {
@@ -1025,8 +1039,17 @@ inline void install_traps(TrapState& t) {
   sigaction(SIGSEGV, &sa, &t.old_segv);
   sigaction(SIGBUS, &sa, &t.old_bus);
   sigaction(SIGFPE, &sa, &t.old_fpe);
+  // An endless loop in a kernel must cost its test, not hang the run: a CPU-time alarm.
+  sigaction(SIGVTALRM, &sa, &t.old_vtalrm);
+  struct itimerval it {};
+  const double limit = time_limit_s();
+  it.it_value.tv_sec = (long)limit;
+  it.it_value.tv_usec = (long)((limit - (long)limit) * 1e6);
+  setitimer(ITIMER_VIRTUAL, &it, &t.old_timer);
 }
 inline void remove_traps(TrapState& t) {
+  setitimer(ITIMER_VIRTUAL, &t.old_timer, nullptr);
+  sigaction(SIGVTALRM, &t.old_vtalrm, nullptr);
   sigaction(SIGSEGV, &t.old_segv, nullptr);
   sigaction(SIGBUS, &t.old_bus, nullptr);
   sigaction(SIGFPE, &t.old_fpe, nullptr);
