@@ -52,8 +52,11 @@ CXX = os.environ.get("CXX", "g++")
 #: Kernel files compile at -O2: with the engine compiled separately (once, also -O2) a kernel
 #: configuration takes under half a second of CPU, and compute-heavy kernels (Lab 5's tiled one)
 #: run ~10x faster than at -O0. PAGEDLAB_EMU_OPT overrides (e.g. -O0 -g for gdb).
+#: NOTE: kernels reinterpret half arrays as uint4 and wrap 32-bit offsets as the GPU does:
+#: -fno-strict-aliasing and -fwrapv keep g++'s optimiser from treating either as undefined.
 CXX_FLAGS = (os.environ.get("PAGEDLAB_EMU_OPT", "-O2"), "-std=c++17", "-fPIC", "-shared",
-             "-fvisibility=hidden", "-Wno-unknown-pragmas", "-Wno-attributes")
+             "-fvisibility=hidden", "-fno-strict-aliasing", "-fwrapv", "-Wno-unknown-pragmas",
+             "-Wno-attributes")
 RUNTIME_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-c")
 
 _forced: list[bool] = []
