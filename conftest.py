@@ -48,3 +48,24 @@ def impl(request: pytest.FixtureRequest):
     if lab is None:
         raise RuntimeError(f"{request.node.nodeid} is not inside labs/<lab>/; use load_impl()")
     return load_impl(lab)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "emulated: a kernel test that runs on the emulated device (reference/emulate.py) "
+        "when PAGEDLAB_DEVICE=emulate is set")
+
+
+@pytest.fixture(autouse=True)
+def _emulated_device(request: pytest.FixtureRequest):
+    """With PAGEDLAB_DEVICE=emulate, kernels run emulated inside tests marked ``emulated`` and
+    nowhere else (the validation tests keep proving that CPU tensors are refused)."""
+    from reference.gpu import emulation_requested
+
+    if not emulation_requested():
+        yield
+        return
+    from reference.emulate import emulation
+
+    with emulation(request.node.get_closest_marker("emulated") is not None):
+        yield

@@ -150,10 +150,17 @@ def _device(x) -> tuple[str, int | None]:
     return "cuda", int(x.device.id)  # CuPy arrays always live on a GPU
 
 
+def _emulating() -> bool:
+    from reference.cuda import emulating  # lazily: checks must import without the CUDA loader
+
+    return emulating()
+
+
 def check_on_cuda(**arrays) -> None:
     """The last check of every launcher: each array (None skipped) on one CUDA device.
 
-    It comes last so that every other mistake is reported on a machine without a GPU too.
+    It comes last so that every other mistake is reported on a machine without a GPU too. Under
+    the emulated device (``PAGEDLAB_DEVICE=emulate``, :mod:`reference.emulate`) CPU tensors pass.
 
     Args:
         **arrays: argument name -> torch tensor or CuPy array (or None), in the caller's order.
@@ -167,6 +174,8 @@ def check_on_cuda(**arrays) -> None:
         if x is None:
             continue
         kind, index = _device(x)
+        if kind == "cpu" and _emulating():
+            kind = "cuda"  # NOTE: under PAGEDLAB_DEVICE=emulate the CPU stands in for the GPU
         if kind != "cuda":
             raise DeviceMismatchError(f"{name} is on {kind}: the kernels need CUDA tensors (or CuPy "
                                       "arrays), all on one GPU (every check before this one passed)")

@@ -12,6 +12,11 @@ Kernels get raw device pointers (:func:`ptr`) and scalars as ``np.int32`` / ``np
 
 NOTE: CuPy is imported lazily, so importing a lab's loader (and grading its validation on a
 machine without a GPU) works without CuPy installed.
+
+Emulated device: with ``PAGEDLAB_DEVICE=emulate`` (or inside ``emulate.emulation()``) the same
+functions compile with g++ and run the kernel on the CPU (see :mod:`reference.emulate`):
+:func:`load_module` returns an emulated module, :func:`ptr` of a CPU tensor is a fenced host
+array, :func:`launch` runs the grid there, and :func:`device_ok` accepts CPU tensors.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
     Returns:
         The compiled ``cupy.RawModule``.
     """
+    if emulating():
+        from reference import emulate
+
+        return emulate.load_module(cu_path, options=tuple(options),
+                                   name_expressions=name_expressions)
     path = Path(cu_path)
     dirs = kernel_include_dirs(path)
     # NOTE: CuPy caches compiled modules by source text and options, which do not change when
@@ -138,6 +148,10 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
         args: kernel arguments: :func:`ptr` pointers, ``np.int32`` / ``np.float32`` scalars.
         shared_mem: dynamic shared memory in bytes (the kernel's limit is raised when needed).
     """
+    if type(kernel).__name__ == "EmulatedKernel":
+        from reference import emulate
+
+        return emulate.launch(kernel, grid, block, args, shared_mem)
     # NOTE: the default limit is 48 KiB minus the kernel's static shared memory, so a request of
     # exactly 48 KiB already needs the raise when the kernel has any static arrays.
     if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
@@ -147,10 +161,48 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
 
 
 def ptr(x) -> np.uint64:
-    """Returns the device pointer of a torch tensor or CuPy array, as a kernel argument."""
+    """Returns the device pointer of a torch tensor or CuPy array, as a kernel argument.
+
+    Under emulation a CPU tensor (or NumPy array) gives a :class:`reference.emulate.HostArray`,
+    which carries its extent so that the engine can fence it.
+    """
+    if emulating() and (isinstance(x, np.ndarray) or getattr(getattr(x, "device", None), "type",
+                                                               None) == "cpu"):
+        from reference import emulate
+
+        return emulate.HostArray(x)
     if hasattr(x, "data_ptr"):
         return np.uint64(x.data_ptr())
     return np.uint64(x.data.ptr)
+
+
+def emulating() -> bool:
+    """True when kernels run on the emulated device (``PAGEDLAB_DEVICE=emulate``)."""
+    from reference import emulate
+
+    return emulate.emulating()
+
+
+def device_ok(device) -> bool:
+    """True when a launcher may run on tensors of ``device`` (a torch.device): a CUDA device,
+    or the CPU under emulation."""
+    return device.type == "cuda" or (device.type == "cpu" and emulating())
+
+
+def num_sms(device) -> int:
+    """Streaming multiprocessors of ``device`` (a torch.device or a CUDA device index); the
+    emulated device's fixed count for the CPU under emulation."""
+    if isinstance(device, int):
+        import torch
+
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "cpu" and emulating():
+        from reference import emulate
+
+        return emulate.NUM_SMS
+    import torch
+
+    return torch.cuda.get_device_properties(device.index or 0).multi_processor_count
 
 
 def is_cupy(x) -> bool:

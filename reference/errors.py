@@ -48,3 +48,26 @@ class DeviceMismatchError(ValueError):
 class UnsupportedConfigError(ValueError):
     """The kernel has no code for this size or dtype (head_size, block_size, dtype): a limit of
     the kernel, not a malformed input."""
+
+
+# --- Labs 4 and 5 on the emulated device (reference/emulate.py) ------------------------------
+
+
+class KernelFaultError(RuntimeError):
+    """An emulated kernel stopped on a fault a GPU would not report clearly: the message names
+    the kernel, the (block, thread) and what went wrong."""
+
+
+class KernelOutOfBoundsError(KernelFaultError, IndexError):
+    """An emulated kernel read or wrote outside a kernel argument array (or wrote to a const
+    input): the message names the kernel, the array, the element index and the (block, thread)."""
+
+
+class KernelDeadlockError(KernelFaultError):
+    """A ``__syncthreads()`` or warp collective that not every thread it waits for reaches:
+    the message names the barrier's line and the threads that are missing."""
+
+
+class KernelTimeoutError(KernelFaultError):
+    """An emulated kernel ran past its CPU-time limit (``PAGEDLAB_EMU_TIMEOUT`` seconds, 120 by
+    default): most likely an endless loop. It costs the test, never the whole run."""

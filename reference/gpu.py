@@ -25,3 +25,56 @@ def gpu_skip_reason() -> str | None:
     except ImportError:
         return "CuPy is not installed: pip install -e '.[gpu]' (or '.[gpu-cu12]' for CUDA 12)"
     return None
+
+
+# --- Kernel tests on the emulated device (reference/emulate.py) -------------------------------
+# A kernel test marked ``@pytest.mark.emulated`` runs on the emulated device when
+# PAGEDLAB_DEVICE=emulate is set (conftest.py turns emulation on inside exactly those tests);
+# otherwise it needs the GPU, as before.
+
+
+def emulation_requested() -> bool:
+    """True when PAGEDLAB_DEVICE=emulate asks for the kernel tests to run emulated."""
+    import os
+
+    return os.environ.get("PAGEDLAB_DEVICE", "").strip().lower() == "emulate"
+
+
+def kernel_skip_reason() -> str | None:
+    """Why the kernel tests cannot run here (on the GPU, or emulated when requested), or None."""
+    if emulation_requested():
+        import shutil
+
+        from reference.emulate import CXX
+
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return "torch is not installed"
+        return None if shutil.which(CXX) else f"the emulated device needs a C++ compiler ({CXX})"
+    return gpu_skip_reason()
+
+
+def kernel_device() -> str:
+    """The torch device kernel tests put their tensors on: ``"cpu"`` under emulation."""
+    from reference.emulate import emulating
+
+    return "cpu" if emulating() else "cuda"
+
+
+def synchronize() -> None:
+    """Waits for the GPU (nothing to wait for under emulation: launches are synchronous)."""
+    from reference.emulate import emulating
+
+    if not emulating():
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def gpu_only(why: str):
+    """A skip mark for a kernel test that proves something only a GPU has (streams, CuPy,
+    racecheck, device memory): it skips under emulation, with ``why`` in the reason."""
+    import pytest
+
+    return pytest.mark.skipif(emulation_requested(), reason=f"GPU-only under emulation: {why}")

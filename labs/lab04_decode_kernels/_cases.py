@@ -39,16 +39,19 @@ class GpuCase:
                  dtype="float16", q_scale=1.0, **kv_kwargs):
         import torch
 
+        from reference.gpu import kernel_device
+
+        device = kernel_device()  # "cuda", or "cpu" on the emulated device
         case = make_decode_case(seed, context_lens, num_q_heads, num_kv_heads, head_size,
                                 block_size, dtype=np.float32, **kv_kwargs)
         td = torch_dtype(dtype)
         self.dtype = dtype
         self.scale = case.scale
-        self.query = (torch.from_numpy(case.query) * q_scale).to("cuda", td)
-        self.key_cache = torch.from_numpy(case.kv.key_cache).to("cuda", td)
-        self.value_cache = torch.from_numpy(case.kv.value_cache).to("cuda", td)
-        self.block_tables = torch.from_numpy(case.kv.block_tables).to("cuda")
-        self.context_lens = torch.from_numpy(case.kv.context_lens).to("cuda")
+        self.query = (torch.from_numpy(case.query) * q_scale).to(device, td)
+        self.key_cache = torch.from_numpy(case.kv.key_cache).to(device, td)
+        self.value_cache = torch.from_numpy(case.kv.value_cache).to(device, td)
+        self.block_tables = torch.from_numpy(case.kv.block_tables).to(device)
+        self.context_lens = torch.from_numpy(case.kv.context_lens).to(device)
         self.host_tables = case.kv.block_tables
         self.host_lens = case.kv.context_lens
         # The reference sees exactly the rounded values the kernel sees.

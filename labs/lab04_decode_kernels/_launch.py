@@ -216,11 +216,10 @@ def kernel_options(shape: DecodeShape, **defines) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def num_sms(device_index: int) -> int:
-    """Returns the streaming multiprocessors of a CUDA device (asked once per device)."""
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def num_sms(device) -> int:
+    """Returns the streaming multiprocessors of a device (a torch.device or a CUDA index): the
+    emulated device's fixed count for the CPU under ``PAGEDLAB_DEVICE=emulate``."""
+    return rcuda.num_sms(device)
 
 
 def new_out(q, out):

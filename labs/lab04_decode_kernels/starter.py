@@ -300,7 +300,7 @@ def _split_kv_launch(kernel: SplitKVKernel, query, key_cache, value_cache, block
     #     check_plan(shape, plan, max_context_len, kernel.max_partition_size);
     #     defines = kernel.defines_for(tuning); then check_on_cuda(...).
     #  2. no forced plan: plan_split_kv for max_context_len (default shape.table_tokens) with
-    #     num_sms(device index), the block size, kernel.target_ctas_per_sm and
+    #     num_sms(q.device), the block size, kernel.target_ctas_per_sm and
     #     kernel.max_partition_size (MAX_PARTITION_SIZE when None).
     #  3. the output (new_out) and an lse buffer [num_seqs, num_q_heads] float32 (all -inf when
     #     num_seqs == 0, and launch nothing); when num_partitions > 1, partial buffers

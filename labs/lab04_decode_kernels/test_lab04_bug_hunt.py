@@ -10,17 +10,17 @@ from __future__ import annotations
 import pytest
 
 from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
-from reference.gpu import gpu_skip_reason
+from reference.gpu import kernel_skip_reason, synchronize
 
-pytestmark = pytest.mark.skipif(gpu_skip_reason() is not None,
-                                reason=f"GPU-REQ: {gpu_skip_reason()}")
+pytestmark = [pytest.mark.emulated, pytest.mark.skipif(kernel_skip_reason() is not None,
+                                                       reason=f"GPU-REQ: {kernel_skip_reason()}")]
 
 
 def run_v0(impl, case):
     import torch
 
     got = impl.paged_attention_v0(*case.args(), case.scale, out=case.poisoned_out())
-    torch.cuda.synchronize()
+    synchronize()
     return got
 
 

@@ -21,11 +21,11 @@ import pytest
 
 from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
 from reference.errors import DeviceMismatchError
-from reference.gpu import gpu_skip_reason
+from reference.gpu import gpu_only, gpu_skip_reason, kernel_skip_reason, synchronize
 from reference.paths import REPO_ROOT
 
-pytestmark = pytest.mark.skipif(gpu_skip_reason() is not None,
-                                reason=f"GPU-REQ: {gpu_skip_reason()}")
+pytestmark = [pytest.mark.emulated, pytest.mark.skipif(kernel_skip_reason() is not None,
+                                                       reason=f"GPU-REQ: {kernel_skip_reason()}")]
 
 VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6"]
 
@@ -36,7 +36,7 @@ def run(impl, version, case: GpuCase, *, poisoned_out=True, **kwargs):
 
     out = case.poisoned_out() if poisoned_out else None
     result = impl.KERNELS[version](*case.args(), case.scale, out=out, **kwargs)
-    torch.cuda.synchronize()
+    synchronize()
     return result
 
 
@@ -90,13 +90,13 @@ def test_every_output_element_is_written(impl, version):
     case = GpuCase(41, [5, 0, 300, 16], 16, 2, 128, 16)
     out = case.poisoned_out()
     got = impl.KERNELS[version](*case.args(), case.scale, out=out)
-    torch.cuda.synchronize()
+    synchronize()
     assert got is out, "with out= the launcher must write into it and return it"
     assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} into out=")
     poison = case.poisoned_out()
     del poison  # its NaN-filled block goes back to the caching allocator, to be handed out next
     got = impl.KERNELS[version](*case.args(), case.scale)
-    torch.cuda.synchronize()
+    synchronize()
     assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} allocating its output")
 
 
@@ -154,6 +154,7 @@ def test_split_k_partitions_merge_exactly(impl, version):
                    case.dtype, f"{version} with its own plan")
 
 
+@gpu_only("CUDA streams")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_runs_on_the_current_torch_stream(impl, version):
@@ -164,7 +165,7 @@ def test_runs_on_the_current_torch_stream(impl, version):
     case = GpuCase(81, [40, 200], 8, 2, 128, 16)
     true_query = case.query
     case.query = torch.full_like(true_query, float("nan"))
-    torch.cuda.synchronize()
+    synchronize()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(40_000_000)  # ~20 ms of GPU time on this stream only
@@ -176,6 +177,7 @@ def test_runs_on_the_current_torch_stream(impl, version):
                    "on the default stream instead of torch.cuda.current_stream()?)")
 
 
+@gpu_only("CuPy arrays live on a GPU")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_cupy_arrays_in_cupy_array_out(impl, version):
@@ -224,6 +226,7 @@ def big_cache():
     torch.cuda.empty_cache()
 
 
+@gpu_only("a 9 GiB cache")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_cache_over_4gib(impl, version, big_cache):
@@ -257,6 +260,7 @@ def test_debug_checks_read_device_values(impl, version, monkeypatch):
         fn(*args, case.scale)
 
 
+@gpu_only("CPU and CUDA tensors mixed")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_mixed_devices_raise_before_launch(impl, version):
@@ -298,6 +302,7 @@ def _sanitizer() -> str | None:
     return found
 
 
+@gpu_only("compute-sanitizer racecheck finds real races")
 @pytest.mark.points(2)
 def test_no_shared_memory_race_under_racecheck(impl):
     """compute-sanitizer's racecheck reports no shared-memory hazard in any kernel (a missing
@@ -329,7 +334,7 @@ def test_production_entry_point(impl, num_q_heads, num_kv_heads, head_size):
     case = GpuCase(141 + head_size, [1, 77, 0, 300], num_q_heads, num_kv_heads, head_size, 16)
     got, lse = impl.paged_attention(*case.args(), case.scale, out=case.poisoned_out(),
                                     return_lse=True)
-    torch.cuda.synchronize()
+    synchronize()
     assert_matches(got, case.ref, case.host_lens, case.dtype, "paged_attention")
     full = case.host_lens > 0
     np.testing.assert_allclose(lse.cpu().numpy()[full], case.lse[full], rtol=1e-3, atol=1e-3)

@@ -26,7 +26,7 @@ def launcher(impl, kernel: str):
 
 def make_batch(seed: int, query_lens, history_lens, num_q_heads: int, num_kv_heads: int,
                head_size: int, block_size: int, *, dtype: str = "float16", alibi: bool = False,
-               device: str = "cuda", **kv_kwargs) -> dict:
+               device: str | None = None, **kv_kwargs) -> dict:
     """Builds a seeded batch (poisoned padding) as torch tensors on ``device``.
 
     Returns:
@@ -35,6 +35,9 @@ def make_batch(seed: int, query_lens, history_lens, num_q_heads: int, num_kv_hea
     """
     import torch
 
+    from reference.gpu import kernel_device
+
+    device = device or kernel_device()  # "cuda", or "cpu" on the emulated device
     np_dtype = np.float16 if dtype == "float16" else np.float32  # bf16 is rounded from fp32
     case = make_prefill_case(seed, query_lens, history_lens, num_q_heads, num_kv_heads,
                              head_size, block_size, dtype=np_dtype, alibi=alibi, **kv_kwargs)
@@ -132,5 +135,8 @@ def poison_allocator(nbytes: int) -> None:
     allocation of that size starts as NaN (an output element the kernel skips stays NaN)."""
     import torch
 
-    junk = torch.full((max(nbytes, 2) // 2,), float("nan"), dtype=torch.float16, device="cuda")
+    from reference.gpu import kernel_device
+
+    junk = torch.full((max(nbytes, 2) // 2,), float("nan"), dtype=torch.float16,
+                      device=kernel_device())
     del junk

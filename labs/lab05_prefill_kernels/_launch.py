@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reference.checks import check_int, check_on_cuda, debug_enabled
-from reference.cuda import as_torch, is_cupy, ptr
+from reference.cuda import as_torch, emulating, is_cupy, ptr
 from reference.layout import num_blocks_for
 
 SUPPORTED_HEAD_SIZES = (64, 128)
@@ -329,6 +329,9 @@ def empty_like(q):
 @contextlib.contextmanager
 def device_of(q):
     """Makes the tensor's GPU current for torch (stream) and CuPy (module load, launch)."""
+    if emulating():  # the emulated device has no "current GPU"
+        yield
+        return
     import cupy
     import torch
 

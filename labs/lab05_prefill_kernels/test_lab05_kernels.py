@@ -19,10 +19,11 @@ import pytest
 
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
                                                oracle, poison_allocator)
-from reference.gpu import gpu_available, gpu_skip_reason
+from reference.gpu import gpu_only, kernel_skip_reason, synchronize
 from reference.paths import REPO_ROOT
 
-pytestmark = pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason() or "")
+pytestmark = [pytest.mark.emulated,
+              pytest.mark.skipif(kernel_skip_reason() is not None, reason=kernel_skip_reason() or "")]
 
 # (id, dtype, query_lens, history_lens, num_q_heads, num_kv_heads, head_size, block_size, alibi, causal)
 CASES = [
@@ -143,7 +144,7 @@ def test_output_is_deterministic_across_runs(impl, kernel):
     for run in range(5):
         poison_allocator(batch["query"].numel() * 2)
         outs.append(fn(**batch))
-    torch.cuda.synchronize()
+    synchronize()
     for run, out in enumerate(outs):
         check_close(out, ref, batch, dtype="float16", what=f"{kernel} kernel, run {run}")
         diff = (out != outs[0]).sum().item()
@@ -151,6 +152,7 @@ def test_output_is_deterministic_across_runs(impl, kernel):
                            f"(likely a missing __syncthreads() around a shared-memory tile)")
 
 
+@gpu_only("CuPy arrays live on a GPU")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_cupy_inputs_give_cupy_output(impl, kernel):
@@ -164,6 +166,7 @@ def test_cupy_inputs_give_cupy_output(impl, kernel):
     check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, CuPy")
 
 
+@gpu_only("CUDA streams")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_launches_on_the_current_torch_stream(impl, kernel):
@@ -179,13 +182,13 @@ def test_launches_on_the_current_torch_stream(impl, kernel):
     fn(**batch, plan=plan)  # compile, upload the plan: nothing left that would sync the host
     real_query = batch["query"]
     query = torch.full_like(real_query, float("nan"))
-    torch.cuda.synchronize()
+    synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # keep the side stream busy for tens of milliseconds
         query.copy_(real_query)
         out = fn(**{**batch, "query": query}, plan=plan)
-    torch.cuda.synchronize()
+    synchronize()
     check_close(out, ref, batch, dtype="float16",
                 what=f"{kernel} kernel on a side stream (NaN here: it ran on another stream)")
 
@@ -202,7 +205,7 @@ def test_empty_sequences_and_empty_batch(impl, kernel):
     batch = make_batch(71, [0, 0], [4, 0], 8, 2, 64, 16)
     out = launcher(impl, kernel)(**batch)
     assert tuple(out.shape) == (0, 8, 64)
-    torch.cuda.synchronize()
+    synchronize()
 
 
 @pytest.mark.points(2)
@@ -240,6 +243,7 @@ print("KERNEL_DONE")
 """
 
 
+@gpu_only("compute-sanitizer racecheck finds real races")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", ["naive", "tiled"])
 def test_shared_memory_has_no_races_under_racecheck(impl, kernel):

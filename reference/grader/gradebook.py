@@ -163,7 +163,8 @@ def gradescope_results(records: list[TestResult], implementation: str,
             "output": output,
             "tags": [rec.lab, "hidden"] if hidden else [rec.lab],
             # For instructors' exports and the release check (Gradescope does not show it).
-            "extra_data": {"nodeid": rec.nodeid, "outcome": rec.outcome},
+            "extra_data": {"nodeid": rec.nodeid, "outcome": rec.outcome,
+                           **({"device": rec.device} if rec.device else {})},
         }
         if hidden:
             test["visibility"] = "after_due_date"

@@ -162,6 +162,7 @@ def pytest_collection_modifyitems(
             doc=" ".join(doc),
             points=Fraction(_points_of(item)[0], share),  # exact: the cases add up to n
             hidden=is_hidden_path(item.path),
+            device="emulated" if _runs_emulated(item) else "",
         )
 
     only = config.getoption("--pagedlab-only")
@@ -170,6 +171,12 @@ def pytest_collection_modifyitems(
         kept = [it for it in items if getattr(it, "originalname", it.name) in names]
         config.hook.pytest_deselected(items=[it for it in items if it not in kept])
         items[:] = kept
+
+
+def _runs_emulated(item) -> bool:
+    from reference.gpu import emulation_requested
+
+    return item.get_closest_marker("emulated") is not None and emulation_requested()
 
 
 def _short_message(report: pytest.TestReport) -> str:
@@ -266,5 +273,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     rows = summarize(records)
     terminalreporter.section("pagedlab grade")
     terminalreporter.write_line(f"implementation: {describe_impl()}")
+    emulated = sum(1 for r in records if r.device == "emulated" and r.outcome != "skipped")
+    if emulated:
+        terminalreporter.write_line(f"{emulated} kernel tests ran on the emulated device "
+                                    "(PAGEDLAB_DEVICE=emulate): correctness, not speed")
     for line in format_table(rows).splitlines():
         terminalreporter.write_line(line)

@@ -74,6 +74,8 @@ class TestResult:
         message: one line: the exception and its message, or the skip reason.
         details: the (truncated) traceback.
         duration_s: seconds the test took, all phases.
+        device: ``"emulated"`` for a kernel test run on the emulated device
+            (:mod:`reference.emulate`), else empty.
     """
 
     __test__ = False  # not a pytest test class, whatever its name
@@ -89,6 +91,7 @@ class TestResult:
     message: str = ""
     details: str = ""
     duration_s: float = 0.0
+    device: str = ""
 
     @property
     def passed(self) -> bool:
@@ -133,7 +136,8 @@ class TestResult:
         if unknown:
             raise ValueError(f"unknown test result fields: {sorted(unknown)}")
         kwargs = {k: v for k, v in data.items() if k != "points"}
-        for key in ("nodeid", "lab", "name", "doc", "outcome", "when", "message", "details"):
+        for key in ("nodeid", "lab", "name", "doc", "outcome", "when", "message", "details",
+                    "device"):
             if key in kwargs and not isinstance(kwargs[key], str):
                 raise ValueError(f"test result field {key!r} must be a string")
         if not isinstance(kwargs.get("hidden", False), bool):

@@ -284,6 +284,7 @@ def _record(nodeid: str, meta: dict, result: dict | None, failure: str | None,
             return rec
         rec.outcome, rec.when, rec.message = logged.outcome, logged.when, logged.message
         rec.details, rec.duration_s = logged.details, logged.duration_s
+        rec.device = logged.device
         return rec
     if failure is None:
         path = nodeid.split("::")[0]

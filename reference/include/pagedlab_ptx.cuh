@@ -10,6 +10,37 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#ifdef PAGEDLAB_EMULATE
+// The emulated device (reference/include/emulate/pagedlab_emu.h, selected by emulate.py): the
+// same wrappers in C++, with the fragment layouts above and fp32 accumulation. The GPU path
+// below is untouched.
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1,
+                                          __half) {
+  ::pagedlab_emu::mma_16816<false>(c, a, b0, b1, __LINE__);
+}
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1,
+                                          __nv_bfloat16) {
+  ::pagedlab_emu::mma_16816<true>(c, a, b0, b1, __LINE__);
+}
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return ::pagedlab_emu::shared_offset(p, "smem_addr");
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+  ::pagedlab_emu::ldmatrix_x4<false>(r, addr, __LINE__);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+  ::pagedlab_emu::ldmatrix_x4<true>(r, addr, __LINE__);
+}
+// Queued, and performed by the cp_async_wait that covers its group (zero-fill included).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
+  ::pagedlab_emu::cp_async(dst, src, 16, src_bytes);
+}
+__device__ __forceinline__ void cp_async_commit() { ::pagedlab_emu::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { ::pagedlab_emu::cp_async_wait(N); }
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+#else
+
 // D (16x8, f32) += A (16x16, row) * B (16x8, col); the last argument only picks the input type.
 __device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1,
                                           __half) {
@@ -57,3 +88,4 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+#endif  // PAGEDLAB_EMULATE

@@ -396,7 +396,7 @@ def _split_kv_launch(kernel: SplitKVKernel, query, key_cache, value_cache, block
     if plan is None:
         max_len = shape.table_tokens if max_context_len is None else int(max_context_len)
         plan = plan_split_kv(shape.num_seqs, shape.num_kv_heads, max_len,
-                             num_sms(q.device.index or 0), block_size=shape.block_size,
+                             num_sms(q.device), block_size=shape.block_size,
                              target_ctas_per_sm=kernel.target_ctas_per_sm,
                              max_partition_size=kernel.max_partition_size or MAX_PARTITION_SIZE)
     out = new_out(q, out)

@@ -1,0 +1,3 @@
+// Emulated-device stand-in for <cuda_fp16.h>: everything it would declare comes from pagedlab_emu.h.
+#pragma once
+#include "pagedlab_emu.h"

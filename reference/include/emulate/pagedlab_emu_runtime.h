@@ -1,0 +1,868 @@
+// pagedlab_emu_runtime.h — the engine of the emulated device (see pagedlab_emu.h for the design).
+// Compiled once, at -O2, into the object that every emulated kernel library links (emulate.py);
+// kernel files never include it.
+#pragma once
+
+#include "pagedlab_emu.h"
+
+#include <algorithm>
+#include <csetjmp>
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+// ----------------------------------------------------------------------------- the engine
+
+namespace pagedlab_emu {
+
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP_OP = 2, DONE = 3 };
+
+struct PendingCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int src_bytes;
+  int group;  // index of the commit group this copy belongs to
+};
+
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer (x86-64 switch)
+#if !defined(__x86_64__)
+  ucontext_t uc;
+#endif
+  unsigned char* stack = nullptr;  // lowest usable byte (a guard page lies below it)
+  size_t stack_bytes = 0;
+  uint3 tid{0, 0, 0};
+  int linear = 0, warp = 0, lane = 0;
+  State state = RUNNABLE;
+  const char* wait_file = nullptr;  // where it waits (barrier or warp collective)
+  int wait_line = 0;
+  const char* wait_what = nullptr;
+  std::vector<PendingCopy> copies;
+  int committed = 0;  // cp.async groups committed so far
+};
+
+struct Warp {
+  unsigned exists = 0;   // lanes that are threads of the block
+  unsigned arrived = 0;  // lanes parked at a collective
+  unsigned mask[32];
+  unsigned in[32][12];
+  unsigned out[32][4];
+  const char* what[32];
+  int line[32];
+};
+
+
+struct Region {  // a fenced copy of one argument buffer
+  unsigned char* map = nullptr;
+  size_t map_bytes = 0;
+  unsigned char* data = nullptr;  // the array's first byte
+  size_t nbytes = 0;
+  int elem_size = 1;
+  bool is_const = false;
+  const char* name = "";
+};
+
+struct Launch {
+  const char* kernel = "";
+  Trampoline tramp = nullptr;
+  void** args = nullptr;
+  dim3 grid, block;
+  uint3 bid{0, 0, 0};
+  int num_threads = 0;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  void* sched_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t sched_uc;
+#endif
+  int n_runnable = 0, n_barrier = 0, n_warp = 0, n_done = 0;
+  unsigned char* arena = nullptr;  // shared memory: dynamic part first, then static arrays
+  size_t arena_cap = 0, dyn_bytes = 0, arena_used = 0, poisoned = 0;
+  std::vector<std::pair<long long, size_t>> static_slots;  // (id << 32 | size) -> offset
+  std::vector<Region> regions;
+  sigjmp_buf jmp;
+  std::string error;
+  bool running = false;
+};
+
+PL_HIDDEN inline Launch*& launch_ref() { static thread_local Launch* l = nullptr; return l; }
+PL_HIDDEN inline Fiber*& current_ref() { static thread_local Fiber* f = nullptr; return f; }
+inline Launch& L() { return *launch_ref(); }
+inline Fiber& cur() { return *current_ref(); }
+
+std::string where(const Fiber& f);
+[[noreturn]] void fail(const std::string& msg);
+void yield_to_scheduler();
+
+}  // namespace pagedlab_emu
+
+
+// ----------------------------------------------------------------------------- context switch
+
+#if defined(__x86_64__)
+// pl_emu_switch(save, next): push the callee-saved registers, store the stack pointer in *save,
+// load `next`, pop its registers, return into it. pl_emu_entry starts a fresh fiber: its
+// Fiber* arrives in r12 (popped from the prepared stack).
+extern "C" PL_HIDDEN void pl_emu_switch(void** save, void* next);
+extern "C" PL_HIDDEN void pl_emu_entry();
+extern "C" PL_HIDDEN void pl_emu_fiber_main(pagedlab_emu::Fiber* f);
+__asm__(
+    ".text\n"
+    ".p2align 4\n"
+    ".globl pl_emu_switch\n"
+    ".hidden pl_emu_switch\n"
+    ".type pl_emu_switch,@function\n"
+    "pl_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size pl_emu_switch, .-pl_emu_switch\n"
+    ".p2align 4\n"
+    ".globl pl_emu_entry\n"
+    ".hidden pl_emu_entry\n"
+    ".type pl_emu_entry,@function\n"
+    "pl_emu_entry:\n"
+    "  movq %r12, %rdi\n"
+    "  call pl_emu_fiber_main\n"
+    "  ud2\n"
+    ".size pl_emu_entry, .-pl_emu_entry\n");
+#else
+extern "C" PL_HIDDEN void pl_emu_fiber_main(pagedlab_emu::Fiber* f);
+#endif
+
+namespace pagedlab_emu {
+
+#if !defined(__x86_64__)
+inline void pl_emu_fiber_trampoline_c() { pl_emu_fiber_main(&cur()); }
+#endif
+
+inline void prepare_fiber(Fiber& f) {
+#if defined(__x86_64__)
+  // Stack, top down: [entry][rbp][rbx][r12 = &f][r13][r14][r15] <- sp. After the pops and the
+  // ret, rsp = top - 16 (16-byte aligned), so pl_emu_entry's call enters with the ABI's rsp.
+  uintptr_t top = (uintptr_t)(f.stack + f.stack_bytes) & ~uintptr_t(15);
+  void** sp = (void**)(top - 72);
+  sp[0] = nullptr; sp[1] = nullptr; sp[2] = nullptr; sp[3] = &f;
+  sp[4] = nullptr; sp[5] = nullptr; sp[6] = (void*)&pl_emu_entry;
+  f.sp = sp;
+#else
+  getcontext(&f.uc);
+  f.uc.uc_stack.ss_sp = f.stack;
+  f.uc.uc_stack.ss_size = f.stack_bytes;
+  f.uc.uc_link = nullptr;
+  makecontext(&f.uc, (void (*)())pl_emu_fiber_trampoline_c, 0);
+#endif
+}
+
+inline void switch_to(Fiber& f) {
+  current_ref() = &f;
+#if defined(__x86_64__)
+  pl_emu_switch(&L().sched_sp, f.sp);
+#else
+  swapcontext(&L().sched_uc, &f.uc);
+#endif
+}
+
+inline void yield_to_scheduler() {
+  Fiber& f = cur();
+#if defined(__x86_64__)
+  pl_emu_switch(&f.sp, L().sched_sp);
+#else
+  swapcontext(&f.uc, &L().sched_uc);
+#endif
+}
+
+inline void set_state(Fiber& f, State s) {
+  Launch& l = L();
+  int* counts[4] = {&l.n_runnable, &l.n_barrier, &l.n_warp, &l.n_done};
+  --*counts[f.state];
+  ++*counts[s];
+  f.state = s;
+}
+
+// "threads 0..31, 64" style lists.
+inline std::string thread_list(const std::vector<int>& ids, size_t limit = 12) {
+  std::string s;
+  size_t shown = 0;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (shown++ == limit) { s += ", ..."; break; }
+    if (!s.empty()) s += ", ";
+    s += std::to_string(ids[i]);
+    if (j > i) s += ".." + std::to_string(ids[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+inline std::string where(const Fiber& f) {
+  const Launch& l = L();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "block (%u, %u, %u), thread (%u, %u, %u)", l.bid.x, l.bid.y,
+                l.bid.z, f.tid.x, f.tid.y, f.tid.z);
+  return buf;
+}
+
+[[noreturn]] inline void fail(const std::string& msg) {
+  Launch& l = L();
+  l.error = msg;
+  siglongjmp(l.jmp, 2);
+}
+
+inline std::string short_file(const char* file) {
+  std::string s = file ? file : "?";
+  const size_t slash = s.rfind('/');
+  return slash == std::string::npos ? s : s.substr(slash + 1);
+}
+
+// ----------------------------------------------------------------------------- barriers
+
+void syncthreads(const char* file, int line) {
+  Fiber& f = cur();
+  f.wait_file = file;
+  f.wait_line = line;
+  f.wait_what = "__syncthreads()";
+  set_state(f, AT_BARRIER);
+  yield_to_scheduler();
+}
+
+// Called by the scheduler when no fiber can run: release the barrier or explain the deadlock.
+inline void resolve_block(Launch& l) {
+  std::string kernel = l.kernel;
+  char head[200];
+  std::snprintf(head, sizeof head, "kernel %s, block (%u, %u, %u): ", l.kernel, l.bid.x, l.bid.y,
+                l.bid.z);
+  if (l.n_barrier > 0 && l.n_warp == 0) {
+    // Every thread that is not finished waits at a __syncthreads: the same one?
+    const Fiber* first = nullptr;
+    std::vector<int> at_first, elsewhere, exited;
+    std::string other;
+    for (const Fiber& f : l.fibers) {
+      if (f.state == DONE) { exited.push_back(f.linear); continue; }
+      if (!first) first = &f;
+      if (f.wait_line == first->wait_line && std::strcmp(f.wait_file, first->wait_file) == 0) {
+        at_first.push_back(f.linear);
+      } else {
+        elsewhere.push_back(f.linear);
+        if (other.empty())
+          other = short_file(f.wait_file) + ":" + std::to_string(f.wait_line);
+      }
+    }
+    const std::string site = short_file(first->wait_file) + ":" + std::to_string(first->wait_line);
+    if (!exited.empty()) {
+      fail(head + std::string("deadlock: __syncthreads() at ") + site + " waits for threads " +
+           thread_list(exited) + ", which exited without reaching it (threads " +
+           thread_list(at_first) + " wait there). A barrier inside a branch that not every "
+           "thread of the block takes hangs or misbehaves on the GPU.");
+    }
+    if (!elsewhere.empty()) {
+      fail(head + std::string("deadlock: threads ") + thread_list(at_first) +
+           " wait at __syncthreads() at " + site + " but threads " + thread_list(elsewhere) +
+           " wait at another one (" + other + "). Every thread of a block must reach the same "
+           "barrier: a __syncthreads() inside a divergent branch is a bug.");
+    }
+    for (Fiber& f : l.fibers)
+      if (f.state == AT_BARRIER) set_state(f, RUNNABLE);
+    return;
+  }
+  // Some warp collective cannot complete: name a waiting lane and the lanes it waits for.
+  for (size_t w = 0; w < l.warps.size(); ++w) {
+    Warp& wp = l.warps[w];
+    if (!wp.arrived) continue;
+    const int lane = __builtin_ctz(wp.arrived);
+    const unsigned need = wp.mask[lane] & wp.exists;
+    std::vector<int> missing, waiting;
+    std::string why;
+    for (int i = 0; i < 32; ++i) {
+      if (!((need >> i) & 1u)) continue;
+      const Fiber& f = l.fibers[w * 32 + i];
+      if ((wp.arrived >> i) & 1u) { waiting.push_back(f.linear); continue; }
+      missing.push_back(f.linear);
+      if (why.empty()) {
+        why = f.state == DONE ? "exited"
+                              : std::string("wait at ") + (f.wait_what ? f.wait_what : "?") +
+                                    " at " + short_file(f.wait_file) + ":" +
+                                    std::to_string(f.wait_line);
+      }
+    }
+    fail(head + std::string("deadlock: threads ") + thread_list(waiting) + " wait in " +
+         wp.what[lane] + " at line " + std::to_string(wp.line[lane]) + " for threads " +
+         thread_list(missing) + " of their mask, which never arrive (the first " + why +
+         "). Every lane named in a *_sync mask must execute the same collective.");
+  }
+  fail(std::string(head) + "internal error: no runnable thread and nothing to release");
+}
+
+// A warp collective: this lane deposits NIN words, parks, and gets NOUT words back. The last
+// lane of the mask to arrive runs `combine` for all of them (warp lockstep at collectives).
+typedef void (*Combine)(Warp& w, unsigned lanes);
+
+inline void warp_collective(unsigned mask, const unsigned* in, int nin, unsigned* out, int nout,
+                            const char* what, int line, Combine combine) {
+  Fiber& f = cur();
+  Launch& l = L();
+  Warp& w = l.warps[f.warp];
+  if (!((mask >> f.lane) & 1u)) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": " + what + " at line " +
+         std::to_string(line) + " with a mask (0x" + [&] {
+           char b[16]; std::snprintf(b, sizeof b, "%08x", mask); return std::string(b); }() +
+         ") that does not include the calling lane " + std::to_string(f.lane));
+  }
+  std::memcpy(w.in[f.lane], in, sizeof(unsigned) * nin);
+  w.mask[f.lane] = mask;
+  w.what[f.lane] = what;
+  w.line[f.lane] = line;
+  w.arrived |= 1u << f.lane;
+  const unsigned need = mask & w.exists;
+  if ((w.arrived & need) != need) {
+    f.wait_what = what;
+    f.wait_file = "";
+    f.wait_line = line;
+    set_state(f, AT_WARP_OP);
+    yield_to_scheduler();
+  } else {
+    for (int i = 0; i < 32; ++i) {
+      if (((need >> i) & 1u) && (w.mask[i] != mask || std::strcmp(w.what[i], what) != 0)) {
+        fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": lanes of warp " +
+             std::to_string(f.warp) + " meet at different collectives: " + w.what[i] +
+             " (line " + std::to_string(w.line[i]) + ", lane " + std::to_string(i) + ") and " +
+             what + " (line " + std::to_string(line) + ", lane " + std::to_string(f.lane) +
+             "), or with different masks");
+      }
+    }
+    combine(w, need);
+    w.arrived &= ~need;
+    for (int i = 0; i < 32; ++i) {
+      if (((need >> i) & 1u) && i != f.lane) {
+        Fiber& other = l.fibers[f.warp * 32 + i];
+        if (other.state == AT_WARP_OP) set_state(other, RUNNABLE);
+      }
+    }
+  }
+  std::memcpy(out, w.out[f.lane], sizeof(unsigned) * nout);
+}
+
+// Shuffles: in = {value lo, value hi, source lane}.
+inline void combine_shfl(Warp& w, unsigned lanes) {
+  for (int i = 0; i < 32; ++i) {
+    if (!((lanes >> i) & 1u)) continue;
+    const unsigned src = w.in[i][2];
+    const int from = (src < 32 && ((lanes >> src) & 1u)) ? int(src) : i;
+    w.out[i][0] = w.in[from][0];
+    w.out[i][1] = w.in[from][1];
+  }
+}
+inline void combine_ballot(Warp& w, unsigned lanes) {
+  unsigned bits = 0;
+  for (int i = 0; i < 32; ++i)
+    if (((lanes >> i) & 1u) && w.in[i][0]) bits |= 1u << i;
+  for (int i = 0; i < 32; ++i)
+    if ((lanes >> i) & 1u) w.out[i][0] = bits;
+}
+inline void combine_nothing(Warp&, unsigned) {}
+
+unsigned long long shfl_bits(unsigned mask, unsigned long long bits, int src, const char* what,
+                             int line) {
+  unsigned in[3] = {unsigned(bits), unsigned(bits >> 32), (unsigned)src}, out[2];
+  warp_collective(mask, in, 3, out, 2, what, line, combine_shfl);
+  return (unsigned long long)out[1] << 32 | out[0];
+}
+unsigned ballot_sync(int line, unsigned mask, int pred, const char* what) {
+  unsigned in[1] = {pred ? 1u : 0u}, out[1];
+  warp_collective(mask, in, 1, out, 1, what, line, combine_ballot);
+  return out[0];
+}
+void syncwarp(int line, unsigned mask) {
+  unsigned in[1] = {0}, out[1];
+  warp_collective(mask, in, 1, out, 1, "__syncwarp", line, combine_nothing);
+}
+const uint3& thread_idx() { return cur().tid; }
+const uint3& block_idx() { return L().bid; }
+const dim3& block_dim() { return L().block; }
+const dim3& grid_dim() { return L().grid; }
+int lane_id() { return cur().lane; }
+
+// ----------------------------------------------------------------------------- shared memory
+
+unsigned char* dynamic_shared() { return L().arena; }
+
+// Static __shared__ declaration number `id` of `size` bytes: one slot per launch, the same
+// storage for every thread of a block (and poisoned again for the next block).
+void* static_shared(int id, size_t size, size_t align) {
+  Launch& l = L();
+  const long long key = (long long)id << 32 | (long long)size;
+  for (auto& s : l.static_slots)
+    if (s.first == key) return l.arena + s.second;
+  size_t off = (l.arena_used + align - 1) / align * align;
+  if (off + size > l.arena_cap) {
+    fail(std::string("kernel ") + l.kernel + ": shared memory exceeds the emulated device's " +
+         std::to_string(l.arena_cap) + " bytes per block (dynamic " +
+         std::to_string(l.dyn_bytes) + " + static arrays)");
+  }
+  l.static_slots.push_back({key, off});
+  l.arena_used = off + size;
+  if (l.arena_used > l.poisoned) {
+    std::memset(l.arena + l.poisoned, 0xff, l.arena_used - l.poisoned);
+    l.poisoned = l.arena_used;
+  }
+  return l.arena + off;
+}
+
+unsigned shared_offset(const void* p, const char* what) {
+  Launch& l = L();
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  if (c < l.arena || c >= l.arena + l.arena_cap) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(cur()) + ": " + what +
+         " of a pointer that is not in shared memory");
+  }
+  return unsigned(c - l.arena);
+}
+inline unsigned char* shared_at(unsigned addr, size_t bytes, const char* what) {
+  Launch& l = L();
+  if (size_t(addr) + bytes > l.arena_cap) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(cur()) + ": " + what +
+         " at shared address " + std::to_string(addr) + " is outside shared memory");
+  }
+  return l.arena + addr;
+}
+
+// ----------------------------------------------------------------------------- PTX emulation
+
+inline float lo_half(unsigned w, bool bf16) {
+  const unsigned short b = (unsigned short)(w & 0xffffu);
+  return bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+}
+inline float hi_half(unsigned w, bool bf16) {
+  const unsigned short b = (unsigned short)(w >> 16);
+  return bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+}
+
+// mma.sync.m16n8k16.row.col.f32: in = {a0..a3, b0, b1, c0..c3}. Fragment layout (PTX ISA):
+// lane (g, t) = (lane / 4, lane % 4) holds A rows g, g + 8 at columns 2t, 2t + 1 (a0, a1) and
+// 2t + 8, 2t + 9 (a2, a3); B rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column g; C/D rows
+// g (c0, c1) and g + 8 (c2, c3) at columns 2t, 2t + 1.
+template <bool BF16>
+inline void combine_mma(Warp& w, unsigned lanes) {
+  float a[16][16], b[16][8], c[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const unsigned* r = w.in[l];
+    a[g][2 * t] = lo_half(r[0], BF16);         a[g][2 * t + 1] = hi_half(r[0], BF16);
+    a[g + 8][2 * t] = lo_half(r[1], BF16);     a[g + 8][2 * t + 1] = hi_half(r[1], BF16);
+    a[g][2 * t + 8] = lo_half(r[2], BF16);     a[g][2 * t + 9] = hi_half(r[2], BF16);
+    a[g + 8][2 * t + 8] = lo_half(r[3], BF16); a[g + 8][2 * t + 9] = hi_half(r[3], BF16);
+    b[2 * t][g] = lo_half(r[4], BF16);         b[2 * t + 1][g] = hi_half(r[4], BF16);
+    b[2 * t + 8][g] = lo_half(r[5], BF16);     b[2 * t + 9][g] = hi_half(r[5], BF16);
+    c[g][2 * t] = u2f(r[6]);     c[g][2 * t + 1] = u2f(r[7]);
+    c[g + 8][2 * t] = u2f(r[8]); c[g + 8][2 * t + 1] = u2f(r[9]);
+  }
+  (void)lanes;
+  float d[16][8];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      // Products of 16-bit inputs are exact in fp32; the sum is accumulated in fp32.
+      float s = c[i][j];
+      for (int k = 0; k < 16; ++k) s += a[i][k] * b[k][j];
+      d[i][j] = s;
+    }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    w.out[l][0] = f2u(d[g][2 * t]);
+    w.out[l][1] = f2u(d[g][2 * t + 1]);
+    w.out[l][2] = f2u(d[g + 8][2 * t]);
+    w.out[l][3] = f2u(d[g + 8][2 * t + 1]);
+  }
+}
+
+void mma_sync(bool bf16, float* c, const unsigned* a, unsigned b0, unsigned b1, int line) {
+  unsigned in[10] = {a[0], a[1], a[2], a[3], b0, b1, f2u(c[0]), f2u(c[1]), f2u(c[2]), f2u(c[3])};
+  unsigned out[4];
+  warp_collective(0xffffffffu, in, 10, out, 4,
+                  bf16 ? "mma.sync.m16n8k16 (bf16)" : "mma.sync.m16n8k16 (f16)", line,
+                  bf16 ? combine_mma<true> : combine_mma<false>);
+  for (int i = 0; i < 4; ++i) c[i] = u2f(out[i]);
+}
+
+// ldmatrix.m8n8.x4(.trans): lanes 8j .. 8j + 7 give the shared addresses of the 8 rows (16 bytes
+// each) of matrix j; lane (g, t) receives, in register j, row g's elements 2t, 2t + 1 (.trans:
+// the elements (2t, g) and (2t + 1, g), i.e. of the transpose).
+template <bool TRANS>
+inline void combine_ldmatrix(Warp& w, unsigned lanes) {
+  (void)lanes;
+  const unsigned char* rows[4][8];
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 8; ++i) rows[j][i] = shared_at(w.in[8 * j + i][0], 16, "ldmatrix row");
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int j = 0; j < 4; ++j) {
+      unsigned short lo, hi;
+      if (!TRANS) {
+        std::memcpy(&lo, rows[j][g] + 4 * t, 2);
+        std::memcpy(&hi, rows[j][g] + 4 * t + 2, 2);
+      } else {
+        std::memcpy(&lo, rows[j][2 * t] + 2 * g, 2);
+        std::memcpy(&hi, rows[j][2 * t + 1] + 2 * g, 2);
+      }
+      w.out[l][j] = unsigned(lo) | unsigned(hi) << 16;
+    }
+  }
+}
+void ldmatrix(bool trans, unsigned* r, unsigned addr, int line) {
+  unsigned in[1] = {addr};
+  warp_collective(0xffffffffu, in, 1, r, 4, trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", line,
+                  trans ? combine_ldmatrix<true> : combine_ldmatrix<false>);
+}
+
+// cp.async: queued per thread, performed when a wait_group covers its group (or at exit).
+void cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
+  Fiber& f = cur();
+  if (src_bytes < 0 || src_bytes > bytes) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(f) + ": cp.async src_bytes=" +
+         std::to_string(src_bytes) + " outside [0, " + std::to_string(bytes) + "]");
+  }
+  unsigned char* d = shared_at(dst, bytes, "cp.async destination");
+  f.copies.push_back({d, static_cast<const unsigned char*>(src), src_bytes, f.committed});
+  (void)bytes;
+}
+inline void cp_async_finish(Fiber& f, int keep_groups) {
+  // Complete every copy of a committed group older than the newest `keep_groups`.
+  const int limit = f.committed - keep_groups;
+  size_t kept = 0;
+  for (size_t i = 0; i < f.copies.size(); ++i) {
+    PendingCopy& c = f.copies[i];
+    if (c.group < limit || keep_groups < 0) {
+      if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+      std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+    } else {
+      f.copies[kept++] = c;
+    }
+  }
+  f.copies.resize(kept);
+}
+void cp_async_commit() { ++cur().committed; }
+void cp_async_wait(int n) { cp_async_finish(cur(), n); }
+
+}  // namespace pagedlab_emu
+
+// ----------------------------------------------------------------------------- launch
+
+namespace pagedlab_emu {
+
+}  // namespace pagedlab_emu
+
+extern "C" PL_HIDDEN void pl_emu_fiber_main(pagedlab_emu::Fiber* f) {
+  using namespace pagedlab_emu;
+  Launch& l = L();
+  l.tramp(l.args);
+  cp_async_finish(*f, -1);  // copies still in flight land before the thread retires
+  set_state(*f, DONE);
+  yield_to_scheduler();
+  __builtin_trap();  // a finished fiber is never resumed
+}
+
+namespace pagedlab_emu {
+
+// ----------------------------------------------------------------------------- traps
+
+struct TrapState {
+  struct sigaction old_segv, old_bus, old_fpe, old_vtalrm;
+  struct itimerval old_timer;
+  stack_t old_stack;
+  std::vector<unsigned char> alt;
+};
+
+inline double time_limit_s() {
+  const char* env = std::getenv("PAGEDLAB_EMU_TIMEOUT");
+  const double v = env ? std::atof(env) : 0.0;
+  return v > 0 ? v : 120.0;
+}
+
+inline std::string describe_fault(void* addr, bool is_write, int sig) {
+  Launch& l = L();
+  Fiber* f = current_ref();
+  std::string who = std::string("kernel ") + l.kernel + ", " + (f ? where(*f) : "?") + ": ";
+  if (sig == SIGFPE) return who + "arithmetic trap (an integer division by zero?)";
+  if (sig == SIGVTALRM) {
+    return who + "still running after " + std::to_string(int(time_limit_s())) +
+           " s of CPU time (PAGEDLAB_EMU_TIMEOUT): an endless loop? (the thread named is the "
+           "one that was running when the limit hit)";
+  }
+  const unsigned char* a = static_cast<const unsigned char*>(addr);
+  const Region* best = nullptr;
+  long long best_dist = 0;
+  for (const Region& r : l.regions) {
+    long long d = 0;
+    if (a < r.data) d = r.data - a;
+    else if (a >= r.data + r.nbytes) d = a - (r.data + r.nbytes) + 1;
+    if (!best || d < best_dist) { best = &r; best_dist = d; }
+  }
+  for (const Fiber& fb : l.fibers) {
+    if (a >= fb.stack - 4096 && a < fb.stack) {
+      return who + "stack overflow (a local array too large for the emulated thread's stack?)";
+    }
+  }
+  const std::string kind = is_write ? "write" : "read";
+  if (best && a >= best->map && a < best->map + best->map_bytes) {
+    const long long byte = a - best->data;
+    const long long index = byte >= 0 ? byte / best->elem_size : -((-byte + best->elem_size - 1) / best->elem_size);
+    const long long n = (long long)(best->nbytes / best->elem_size);
+    if (byte >= 0 && byte < (long long)best->nbytes && best->is_const) {
+      return who + "write to " + best->name + "[" + std::to_string(index) + "], but " +
+             best->name + " is a const input (declared `const T*`)";
+    }
+    return who + "out-of-bounds " + kind + " of " + best->name + " at element index " +
+           std::to_string(index) + " (" + best->name + " has " + std::to_string(n) +
+           " elements of " + std::to_string(best->elem_size) + " bytes" +
+           (index >= n ? "; a wide (vector) access may have started a few elements earlier"
+                       : "") + ")";
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%p", addr);
+  std::string msg = who + "invalid " + kind + " at address " + buf + ", inside no kernel argument";
+  if (best) {
+    const long long byte = a - best->data;
+    msg += std::string(" (nearest array: ") + best->name + ", element index " +
+           std::to_string(byte / best->elem_size) + ")";
+  }
+  return msg;
+}
+
+inline void on_trap(int sig, siginfo_t* info, void* ctx) {
+  Launch* l = launch_ref();
+  if (!l || !l->running) {  // not ours
+    if (sig == SIGVTALRM) return;  // the alarm hit another thread: the launch is over soon
+    signal(sig, SIG_DFL);
+    return;
+  }
+  bool is_write = false;
+#if defined(__x86_64__) && defined(__linux__)
+  is_write = (static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+  (void)ctx;
+#endif
+  l->error = describe_fault(info->si_addr, is_write, sig);
+  siglongjmp(l->jmp, sig == SIGVTALRM ? 3 : 1);
+}
+
+inline void install_traps(TrapState& t) {
+  t.alt.resize(1 << 16);
+  stack_t ss{};
+  ss.ss_sp = t.alt.data();
+  ss.ss_size = t.alt.size();
+  sigaltstack(&ss, &t.old_stack);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_trap;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &t.old_segv);
+  sigaction(SIGBUS, &sa, &t.old_bus);
+  sigaction(SIGFPE, &sa, &t.old_fpe);
+  // An endless loop in a kernel must cost its test, not hang the run: a CPU-time alarm.
+  sigaction(SIGVTALRM, &sa, &t.old_vtalrm);
+  struct itimerval it {};
+  const double limit = time_limit_s();
+  it.it_value.tv_sec = (long)limit;
+  it.it_value.tv_usec = (long)((limit - (long)limit) * 1e6);
+  setitimer(ITIMER_VIRTUAL, &it, &t.old_timer);
+}
+inline void remove_traps(TrapState& t) {
+  setitimer(ITIMER_VIRTUAL, &t.old_timer, nullptr);
+  sigaction(SIGVTALRM, &t.old_vtalrm, nullptr);
+  sigaction(SIGSEGV, &t.old_segv, nullptr);
+  sigaction(SIGBUS, &t.old_bus, nullptr);
+  sigaction(SIGFPE, &t.old_fpe, nullptr);
+  sigaltstack(&t.old_stack, nullptr);
+}
+
+// ----------------------------------------------------------------------------- regions
+
+inline size_t page_size() { return size_t(sysconf(_SC_PAGESIZE)); }
+constexpr size_t GUARD_BYTES = size_t(1) << 30;  // inaccessible on both sides of every array
+
+// Copies a host buffer into a fenced mapping: the array's last byte touches the upper guard.
+inline bool make_region(Region& r, const BufferArg& b) {
+  const size_t page = page_size();
+  const size_t data_pages = (b.nbytes + page - 1) / page + 1;
+  r.map_bytes = 2 * GUARD_BYTES + data_pages * page;
+  void* m = mmap(nullptr, r.map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) return false;
+  r.map = static_cast<unsigned char*>(m);
+  unsigned char* lo = r.map + GUARD_BYTES;
+  unsigned char* hi = lo + data_pages * page;
+  if (mprotect(lo, data_pages * page, PROT_READ | PROT_WRITE) != 0) return false;
+  // End-aligned, but keep the alignment a vector load needs (16 bytes when the size allows it).
+  const size_t align = b.nbytes % 16 == 0 ? 16 : (b.elem_size > 0 ? size_t(b.elem_size) : 1);
+  uintptr_t start = (uintptr_t)(hi - b.nbytes);
+  start -= start % align;
+  r.data = reinterpret_cast<unsigned char*>(start);
+  r.nbytes = b.nbytes;
+  r.elem_size = b.elem_size > 0 ? b.elem_size : 1;
+  r.is_const = b.is_const != 0;
+  r.name = b.name;
+  if (b.nbytes) std::memcpy(r.data, reinterpret_cast<const void*>(b.host), b.nbytes);
+  if (r.is_const) {  // inputs are read-only: a write traps
+    const uintptr_t first = (uintptr_t)r.data / page * page;
+    mprotect(reinterpret_cast<void*>(first), (uintptr_t)hi - first, PROT_READ);
+  }
+  return true;
+}
+
+inline void free_regions(Launch& l) {
+  for (Region& r : l.regions)
+    if (r.map) munmap(r.map, r.map_bytes);
+  l.regions.clear();
+}
+
+// ----------------------------------------------------------------------------- the scheduler
+
+constexpr size_t STACK_BYTES = size_t(256) << 10;
+constexpr size_t SHARED_CAP = size_t(228) << 10;  // H100 / H200: 227 KiB per block + slack
+
+inline void run_block(Launch& l) {
+  // Fresh shared memory for every block: poison what the kernel used so far.
+  if (l.poisoned) std::memset(l.arena, 0xff, l.poisoned);
+  for (Warp& w : l.warps) w.arrived = 0;
+  l.n_runnable = l.num_threads;
+  l.n_barrier = l.n_warp = l.n_done = 0;
+  for (Fiber& f : l.fibers) {
+    f.state = RUNNABLE;
+    f.copies.clear();
+    f.committed = 0;
+    prepare_fiber(f);
+  }
+  // Warp-major, run-ahead order: warp 0 runs as far as it can (to a __syncthreads or its end)
+  // before warp 1 starts. A warp that writes shared memory another warp has not read yet, or
+  // reads what another warp has not written yet, then sees the wrong value every time: a
+  // missing barrier shows up as a wrong answer (or poisoned NaN), not as a lucky pass.
+  const int num_warps = int(l.warps.size());
+  while (l.n_done < l.num_threads) {
+    for (int w = 0; w < num_warps; ++w) {
+      const int lo = w * 32, hi = std::min(lo + 32, l.num_threads);
+      for (bool again = true; again;) {
+        again = false;
+        for (int i = lo; i < hi; ++i)
+          if (l.fibers[i].state == RUNNABLE) { switch_to(l.fibers[i]); again = true; }
+      }
+    }
+    current_ref() = nullptr;
+    if (l.n_runnable == 0 && l.n_done < l.num_threads) resolve_block(l);
+  }
+}
+
+}  // namespace pagedlab_emu
+
+// Runs one kernel over the grid. Returns 0, or a non-zero code with the message in `err`.
+extern "C" PL_EXPORT int pagedlab_emu_run(const pagedlab_emu::KernelEntry* k,
+                                          const unsigned* grid, const unsigned* block,
+                                          unsigned long long dyn_smem, int nbuf,
+                                          const pagedlab_emu::BufferArg* bufs, int nargs,
+                                          const pagedlab_emu::KernelArg* args, char* err,
+                                          int errlen) {
+  using namespace pagedlab_emu;
+  Launch* lp = new Launch();
+  Launch& l = *lp;
+  launch_ref() = lp;
+  l.kernel = k->name;
+  l.tramp = k->call;
+  l.grid = dim3(grid[0], grid[1], grid[2]);
+  l.block = dim3(block[0], block[1], block[2]);
+  l.num_threads = int(block[0] * block[1] * block[2]);
+  int rc = 0;
+  std::vector<void*> argv(nargs);
+  std::vector<void*> ptrs(nargs);
+  TrapState traps;
+  auto finish = [&](int code) {
+    if (code && err && errlen > 0) std::snprintf(err, errlen, "%s", l.error.c_str());
+    for (Fiber& f : l.fibers)
+      if (f.stack) munmap(f.stack - page_size(), f.stack_bytes + page_size());
+    if (l.arena) munmap(l.arena, SHARED_CAP);
+    free_regions(l);
+    launch_ref() = nullptr;
+    current_ref() = nullptr;
+    delete lp;
+    std::fflush(stdout);
+    return code;
+  };
+  if (dyn_smem > SHARED_CAP) {
+    l.error = std::string("kernel ") + l.kernel + ": " + std::to_string(dyn_smem) +
+              " bytes of dynamic shared memory requested; the emulated device has " +
+              std::to_string(SHARED_CAP);
+    return finish(3);
+  }
+  for (int i = 0; i < nbuf; ++i) {
+    l.regions.emplace_back();
+    if (!make_region(l.regions.back(), bufs[i])) {
+      l.error = "could not map memory for argument " + std::string(bufs[i].name);
+      return finish(3);
+    }
+  }
+  for (int i = 0; i < nargs; ++i) {
+    if (args[i].kind == 1) {
+      ptrs[i] = l.regions[args[i].buf].data + args[i].value;
+      argv[i] = &ptrs[i];
+    } else if (args[i].kind == 2) {
+      ptrs[i] = reinterpret_cast<void*>(args[i].value);
+      argv[i] = &ptrs[i];
+    } else {
+      argv[i] = const_cast<unsigned long long*>(&args[i].value);
+    }
+  }
+  l.args = argv.data();
+  l.arena = static_cast<unsigned char*>(
+      mmap(nullptr, SHARED_CAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  l.arena_cap = SHARED_CAP;
+  l.dyn_bytes = dyn_smem;
+  l.arena_used = (dyn_smem + 127) / 128 * 128;
+  l.poisoned = l.arena_used;
+  l.fibers.resize(l.num_threads);
+  l.warps.resize((l.num_threads + 31) / 32);
+  const size_t page = page_size();
+  for (int i = 0; i < l.num_threads; ++i) {
+    Fiber& f = l.fibers[i];
+    unsigned char* m = static_cast<unsigned char*>(mmap(nullptr, STACK_BYTES + page,
+                                                        PROT_READ | PROT_WRITE,
+                                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                                        -1, 0));
+    mprotect(m, page, PROT_NONE);  // guard page under the stack
+    f.stack = m + page;
+    f.stack_bytes = STACK_BYTES;
+    f.linear = i;
+    f.tid = {unsigned(i) % block[0], (unsigned(i) / block[0]) % block[1],
+             unsigned(i) / (block[0] * block[1])};
+    f.warp = i / 32;
+    f.lane = i % 32;
+    l.warps[f.warp].exists |= 1u << f.lane;
+    f.copies.reserve(64);
+  }
+  install_traps(traps);
+  l.running = true;
+  if (sigsetjmp(l.jmp, 1) == 0) {
+    for (unsigned z = 0; z < grid[2]; ++z)
+      for (unsigned y = 0; y < grid[1]; ++y)
+        for (unsigned x = 0; x < grid[0]; ++x) {
+          l.bid = {x, y, z};
+          run_block(l);
+        }
+    // Success: the argument arrays go back to the caller's memory.
+    for (int i = 0; i < nbuf; ++i)
+      if (!bufs[i].is_const && bufs[i].nbytes)
+        std::memcpy(reinterpret_cast<void*>(bufs[i].host), l.regions[i].data, bufs[i].nbytes);
+  } else {
+    rc = 1;
+  }
+  l.running = false;
+  remove_traps(traps);
+  return finish(rc);
+}
+

@@ -1,0 +1,445 @@
+"""The emulated device (reference/emulate.py + reference/include/emulate/pagedlab_emu.h).
+
+Proves, on a CPU: the CUDA execution model the labs' kernels use behaves as on the GPU (thread
+and block indices, shared memory, barriers, warp shuffles and votes, the PTX wrappers with the
+hardware's fragment layouts), every Lab 4 solution kernel matches the float64 oracle through
+its own launcher, and planted bugs stop with the clear errors a GPU cannot give (out-of-bounds
+array access, a barrier not every thread reaches, a missing barrier before shared-memory reuse).
+No points: infrastructure. Needs g++ and torch; compiled kernels are cached in
+~/.cache/pagedlab-emu (PAGEDLAB_EMU_CACHE), so a second run is fast.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from reference import cuda as rcuda  # noqa: E402
+from reference import emulate  # noqa: E402
+from reference.errors import (KernelDeadlockError, KernelFaultError,  # noqa: E402
+                              KernelOutOfBoundsError)
+from reference.paths import REPO_ROOT, SOLUTIONS_DIR  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which(emulate.CXX) is None,
+                                reason=f"the emulated device needs {emulate.CXX}")
+
+
+@pytest.fixture(autouse=True)
+def _emulated():
+    with emulate.emulation():
+        yield
+
+
+def kernel(tmp_path, source: str, name: str = "k", options=()):
+    """Compiles a small test kernel file and returns kernel ``name``."""
+    path = tmp_path / "k.cu"
+    path.write_text(textwrap.dedent(source))
+    return rcuda.get_kernel(path, name, options=tuple(options))
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def test_indices_and_dynamic_shared_memory(tmp_path):
+    """threadIdx/blockIdx/blockDim/gridDim are CUDA's, and one `extern __shared__` array is
+    shared by the threads of a block (a reversal through shared memory needs the barrier)."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(int* out) {
+          extern __shared__ int buf[];
+          const int t = threadIdx.x + blockDim.x * threadIdx.y;
+          const int n = blockDim.x * blockDim.y;
+          buf[t] = t + 1000 * (blockIdx.x + gridDim.x * blockIdx.y);
+          __syncthreads();
+          out[(blockIdx.x + gridDim.x * blockIdx.y) * n + t] = buf[n - 1 - t];
+        }""")
+    out = torch.zeros(2 * 3 * 64, dtype=torch.int32)
+    rcuda.launch(k, (2, 3), (16, 4), (rcuda.ptr(out),), shared_mem=64 * 4)
+    got = out.view(6, 64).numpy()
+    expect = np.arange(63, -1, -1)[None, :] + 1000 * np.arange(6)[:, None]
+    np.testing.assert_array_equal(got, expect)
+
+
+def test_static_shared_is_per_block_and_poisoned(tmp_path):
+    """A static `__shared__` array is one per block, and starts every block as 0xFF bytes (NaN
+    as a float): a read of shared memory no thread wrote in this block is visible."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          __shared__ float s[32], unused[4];
+          if (blockIdx.x == 0) s[threadIdx.x] = threadIdx.x;  // block 1 never writes s
+          __syncthreads();
+          out[blockIdx.x * 32 + threadIdx.x] = s[31 - threadIdx.x] + 0.f * unused[0];
+        }""")
+    out = torch.zeros(64)
+    rcuda.launch(k, (2,), (32,), (rcuda.ptr(out),))
+    assert torch.isnan(out[:32]).all(), "unused[] was never written: NaN poison expected"
+    k2 = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          __shared__ float s[32];
+          if (blockIdx.x == 0) s[threadIdx.x] = threadIdx.x;
+          __syncthreads();
+          out[blockIdx.x * 32 + threadIdx.x] = s[31 - threadIdx.x];
+        }""")
+    rcuda.launch(k2, (2,), (32,), (rcuda.ptr(out),))
+    np.testing.assert_array_equal(out[:32].numpy(), np.arange(31, -1, -1))
+    assert torch.isnan(out[32:]).all(), "block 1 must not see block 0's shared memory"
+
+
+def test_warp_shuffles_and_votes(tmp_path):
+    """__shfl_xor/_sync/_up/_down and __ballot/__any/__all follow CUDA's lane rules."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(int* out) {
+          const int lane = threadIdx.x % 32;
+          int* o = out + threadIdx.x * 7;
+          o[0] = __shfl_xor_sync(0xffffffffu, lane, 5);
+          o[1] = __shfl_sync(0xffffffffu, lane * 10, 3);
+          o[2] = __shfl_up_sync(0xffffffffu, lane, 2);
+          o[3] = __shfl_down_sync(0xffffffffu, lane, 4, 8);
+          o[4] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+          o[5] = __any_sync(0xffffffffu, lane == 17) + 2 * __all_sync(0xffffffffu, lane < 31);
+          float s = lane;
+          for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+          __syncwarp();
+          o[6] = (int)s;
+        }""")
+    out = torch.zeros(64 * 7, dtype=torch.int32)
+    rcuda.launch(k, (1,), (64,), (rcuda.ptr(out),))
+    o = out.view(64, 7).numpy()
+    lane = np.arange(64) % 32
+    np.testing.assert_array_equal(o[:, 0], lane ^ 5)
+    np.testing.assert_array_equal(o[:, 1], np.full(64, 30))
+    np.testing.assert_array_equal(o[:, 2], np.where(lane >= 2, lane - 2, lane))
+    np.testing.assert_array_equal(o[:, 3], np.where(lane % 8 + 4 < 8, lane + 4, lane))
+    ballot = sum(1 << i for i in range(32) if i % 3 == 0)
+    np.testing.assert_array_equal(o[:, 4].astype(np.uint32), np.full(64, ballot, np.uint32))
+    np.testing.assert_array_equal(o[:, 5], np.full(64, 1))
+    np.testing.assert_array_equal(o[:, 6], np.full(64, sum(range(32))))
+
+
+def test_mma_ldmatrix_and_cp_async_follow_the_hardware_layouts(tmp_path):
+    """pagedlab_ptx.cuh under emulation: cp.async (with zero-fill) lands at its wait, ldmatrix
+    hands out the PTX ISA's fragments, and mma.sync m16n8k16 computes D = A B + C in fp32 —
+    checked against numpy on random fp16 matrices."""
+    k = kernel(tmp_path, """
+        #include <cuda_fp16.h>
+        #include "pagedlab_ptx.cuh"
+        // A [16 x 16] row-major, B [16 x 8] given as Bt [8 x 16] (each row one column of B),
+        // D [16 x 8] fp32. One warp.
+        extern "C" __global__ void k(float* d, const __half* a, const __half* bt, const float* c) {
+          __shared__ __align__(16) __half sa[16 * 16];
+          __shared__ __align__(16) __half sb[8 * 16];
+          const int lane = threadIdx.x;
+          // 32 16-byte chunks of A, 16 of Bt (the last 8 bytes of Bt's row 7 zero-filled)
+          cp_async_16(smem_addr(sa + lane * 8), a + lane * 8, 16);
+          if (lane < 16) cp_async_16(smem_addr(sb + lane * 8), bt + lane * 8, lane == 15 ? 8 : 16);
+          cp_async_commit();
+          cp_async_wait<0>();
+          __syncwarp();
+          unsigned fa[4], fb[4];
+          // A: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+          ldmatrix_x4(fa, smem_addr(sa + ((lane & 7) + ((lane >> 3) & 1) * 8) * 16 + (lane >> 4) * 8));
+          // B (col-major = Bt rows): matrices (k 0-7), (k 8-15) for b0, b1; lanes 16.. repeat
+          ldmatrix_x4(fb, smem_addr(sb + (lane & 7) * 16 + ((lane >> 3) & 1) * 8));
+          const int g = lane / 4, t = lane % 4;
+          float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                          c[(g + 8) * 8 + 2 * t + 1]};
+          mma_16816(acc, fa, fb[0], fb[1], __half());
+          d[g * 8 + 2 * t] = acc[0]; d[g * 8 + 2 * t + 1] = acc[1];
+          d[(g + 8) * 8 + 2 * t] = acc[2]; d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+        }""", options=(f"-I{rcuda.INCLUDE_DIR}",))
+    rng = np.random.default_rng(0)
+    a = torch.from_numpy(rng.standard_normal((16, 16)).astype(np.float16))
+    bt = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float16))
+    c = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+    d = torch.zeros(16, 8)
+    rcuda.launch(k, (1,), (32,), (rcuda.ptr(d), rcuda.ptr(a), rcuda.ptr(bt), rcuda.ptr(c)))
+    b = bt.float().numpy().T.copy()
+    b[12:, 7] = 0.0  # zero-filled by cp.async (src_bytes = 8)
+    expect = a.float().numpy().astype(np.float64) @ b + c.numpy()
+    np.testing.assert_allclose(d.numpy(), expect, rtol=1e-5, atol=1e-5)
+
+
+def test_printf_reaches_stdout(tmp_path, capfd):
+    """printf in a kernel prints (a student's first debugging tool works under emulation)."""
+    k = kernel(tmp_path, """
+        #include <cstdio>
+        extern "C" __global__ void k(const int* x) {
+          if (threadIdx.x == 1) printf("block %d thread %d sees %d\\n", blockIdx.x, threadIdx.x, x[1]);
+        }""")
+    x = torch.tensor([5, 42], dtype=torch.int32)
+    rcuda.launch(k, (1,), (4,), (rcuda.ptr(x),))
+    assert "block 0 thread 1 sees 42" in capfd.readouterr().out
+
+
+def test_scalar_of_the_wrong_type_is_refused(tmp_path):
+    """A float passed where the kernel takes an int (read as garbage bits on a GPU) is a
+    TypeError naming the parameter."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(int* out, int n) { out[0] = n; }""")
+    out = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"parameter 1 \(n\)"):
+        rcuda.launch(k, (1,), (1,), (rcuda.ptr(out), np.float32(3)))
+    rcuda.launch(k, (1,), (1,), (rcuda.ptr(out), np.int32(3)))
+    assert int(out[0]) == 3
+
+
+# ----------------------------------------------------------------------------- clear errors
+
+
+def test_out_of_bounds_write_names_kernel_array_index_and_thread(tmp_path):
+    """One element past the end of an argument array stops the launch with every coordinate a
+    student needs; the caller's memory is left as it was."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out, int n) {
+          const int i = blockIdx.x * blockDim.x + threadIdx.x;
+          if (i <= n) out[i] = 1.f;  // BUG: <= writes out[n]
+        }""")
+    out = torch.zeros(100)
+    with pytest.raises(KernelOutOfBoundsError) as err:
+        rcuda.launch(k, (4,), (32,), (rcuda.ptr(out), np.int32(100)))
+    msg = str(err.value)
+    for part in ("kernel k", "out-of-bounds write", "out at element index 100", "block (3, 0, 0)",
+                 "thread (4, 0, 0)"):
+        assert part in msg, f"{part!r} missing from: {msg}"
+    assert (out == 0).all()
+
+
+def test_write_to_a_const_input_is_reported(tmp_path):
+    """A `const T*` parameter is mapped read-only: writing through a cast is caught."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(const float* x) { const_cast<float*>(x)[3] = 0.f; }""")
+    x = torch.ones(8)
+    with pytest.raises(KernelOutOfBoundsError, match=r"write to x\[3\].*const input"):
+        rcuda.launch(k, (1,), (1,), (rcuda.ptr(x),))
+
+
+def test_barrier_in_a_divergent_branch_is_a_deadlock_error(tmp_path):
+    """`if (threadIdx.x < 64) __syncthreads();` names the barrier and the threads that never
+    reach it, instead of hanging."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          if (threadIdx.x < 64) {
+            out[threadIdx.x] = 1.f;
+            __syncthreads();
+          }
+        }""")
+    out = torch.zeros(128)
+    with pytest.raises(KernelDeadlockError) as err:
+        rcuda.launch(k, (1,), (128,), (rcuda.ptr(out),))
+    msg = str(err.value)
+    assert "k.cu:5" in msg and "64..127" in msg and "0..63" in msg, msg
+
+
+def test_different_barriers_are_a_deadlock_error(tmp_path):
+    """Threads waiting at two different __syncthreads() are named with both lines."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          if (threadIdx.x % 2) {
+            __syncthreads();
+          } else {
+            __syncthreads();
+          }
+          out[threadIdx.x] = 1.f;
+        }""")
+    with pytest.raises(KernelDeadlockError, match=r"k\.cu:4.*k\.cu:6|k\.cu:6.*k\.cu:4"):
+        rcuda.launch(k, (1,), (64,), (rcuda.ptr(torch.zeros(64)),))
+
+
+def test_shuffle_with_a_lane_that_exited_is_a_deadlock_error(tmp_path):
+    """A full-mask shuffle that half the warp never executes names the missing lanes."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          if (threadIdx.x >= 16) return;
+          out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+        }""")
+    with pytest.raises(KernelDeadlockError, match=r"__shfl_xor_sync.*16\.\.31.*exited"):
+        rcuda.launch(k, (1,), (32,), (rcuda.ptr(torch.zeros(32)),))
+
+
+def test_shared_memory_over_the_limit_is_refused(tmp_path):
+    """Asking for more dynamic shared memory than a block can have is an error, not a crash."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) { extern __shared__ float s[]; out[0] = s[0]; }""")
+    with pytest.raises(KernelFaultError, match="shared memory"):
+        rcuda.launch(k, (1,), (1,), (rcuda.ptr(torch.zeros(1)),), shared_mem=1 << 20)
+
+
+# ----------------------------------------------------------------------------- Lab 4 kernels
+
+LAB4 = "lab04_decode_kernels"
+needs_solutions = pytest.mark.skipif(not (SOLUTIONS_DIR / LAB4).is_dir(),
+                                     reason="needs the solutions/ folder")
+
+
+def decode_case(seed, lens, num_q_heads=8, num_kv_heads=2, head_size=64, block_size=16,
+                dtype=torch.float16, **kw):
+    from reference.inputs import make_decode_case
+    from reference.oracle import paged_decode_ref
+
+    c = make_decode_case(seed, lens, num_q_heads, num_kv_heads, head_size, block_size,
+                         dtype=np.float32, **kw)
+    args = (torch.from_numpy(c.query).to(dtype), torch.from_numpy(c.kv.key_cache).to(dtype),
+            torch.from_numpy(c.kv.value_cache).to(dtype), torch.from_numpy(c.kv.block_tables),
+            torch.from_numpy(c.kv.context_lens))
+    ref, lse = paged_decode_ref(args[0].float().numpy(), args[1].float().numpy(),
+                                args[2].float().numpy(), c.kv.block_tables, c.kv.context_lens,
+                                c.scale)
+    return args, c.scale, ref, lse
+
+
+def lab4(kernel_dir=None):
+    """The Lab 4 solution module; with ``kernel_dir``, a fresh copy that loads its .cu files
+    from there (a planted bug)."""
+    import importlib.util
+    import sys
+
+    path = SOLUTIONS_DIR / LAB4 / "solution.py"
+    if kernel_dir is None:
+        from reference.loader import load_impl
+
+        return load_impl(LAB4, "solution")
+    spec = importlib.util.spec_from_file_location(f"_emu_lab4_{kernel_dir.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while it is executed
+    spec.loader.exec_module(mod)
+    mod.KERNEL_DIR = kernel_dir
+    return mod
+
+
+def planted(tmp_path, file: str, old: str, new: str):
+    """A copy of Lab 4's solution kernels with one text edit in ``file`` (exactly once)."""
+    dst = tmp_path / "kernels"
+    shutil.copytree(SOLUTIONS_DIR / LAB4, dst, ignore=shutil.ignore_patterns("*.py", "mutants"))
+    text = (dst / file).read_text()
+    assert text.count(old) == 1, f"{old!r} must occur once in {file}"
+    (dst / file).write_text(text.replace(old, new))
+    return lab4(dst)
+
+
+@needs_solutions
+@pytest.mark.parametrize("version", ["naive", "v0", "v1", "v2", "v3", "v4", "v5", "v6"])
+def test_lab4_solution_kernels_match_the_oracle_emulated(version):
+    """Every Lab 4 solution kernel, through its own launcher on CPU tensors, matches the
+    float64 oracle within the GPU tests' tolerance (NaN-poisoned caches and output buffer);
+    the split-K kernels also with a forced split (the reduce kernel runs) and their lse."""
+    from labs.lab04_decode_kernels._cases import assert_matches
+
+    impl = lab4()
+    args, scale, ref, lse = decode_case(7, [1, 17, 0, 130, 64], head_size=64, block_size=16)
+    out = torch.full_like(args[0], float("nan"))
+    got = impl.KERNELS[version](*args, scale, out=out)
+    assert_matches(got, ref, args[4].numpy(), "float16", f"{version} (emulated)")
+    if version in ("v3", "v4", "v5", "v6"):
+        got, got_lse = impl.KERNELS[version](*args, scale, plan=impl.SplitKVPlan(3, 64),
+                                             max_context_len=192, return_lse=True)
+        assert_matches(got, ref, args[4].numpy(), "float16", f"{version} split (emulated)")
+        finite = np.isfinite(lse)
+        np.testing.assert_allclose(got_lse.numpy()[finite], lse[finite], rtol=1e-3, atol=1e-3)
+        assert np.isneginf(got_lse.numpy()[~finite]).all()
+
+
+@needs_solutions
+def test_planted_out_of_bounds_block_table_read(tmp_path):
+    """v1 reading one block-table entry past a sequence's last token (`<=` for `<`): the last
+    sequence fills its table, so the read leaves block_tables — reported with the array, the
+    index and the thread, where a GPU reads garbage silently."""
+    impl = planted(tmp_path, "decode_v1.cu", "t < len; t += NUM_WARPS", "t <= len; t += NUM_WARPS")
+    args, scale, ref, lse = decode_case(3, [5, 64], head_size=64, block_size=16, num_q_heads=2,
+                                        num_kv_heads=2)
+    args = args[:3] + (args[3][:, :4].contiguous(),) + args[4:]  # sequence 1 fills its 4 blocks
+    with pytest.raises(KernelOutOfBoundsError) as err:
+        impl.KERNELS["v1"](*args, scale)
+    msg = str(err.value)
+    assert "paged_decode_v1" in msg and "block_tables at element index 8" in msg, msg
+    assert "block (1, " in msg and "thread (" in msg, msg
+
+
+@needs_solutions
+def test_planted_missing_barrier_before_shared_memory_reuse(tmp_path):
+    """v0 without the barrier that ends block_max: block_sum then overwrites the shared
+    reduction slots that slower warps have not read yet — a wrong answer under emulation."""
+    impl = planted(tmp_path, "decode_v0.cu",
+                   "for (int w = 1; w < NUM_WARPS; ++w) r = fmaxf(r, red[w]);\n  __syncthreads();",
+                   "for (int w = 1; w < NUM_WARPS; ++w) r = fmaxf(r, red[w]);")
+    args, scale, ref, lse = decode_case(5, [300, 200], head_size=64, block_size=16)
+    got = impl.KERNELS["v0"](*args, scale).double().numpy()
+    bad = ~np.isclose(got, ref, rtol=1e-2, atol=1e-2)
+    assert bad.any(), "the missing __syncthreads() went unnoticed"
+
+
+@needs_solutions
+def test_planted_missing_barrier_before_reading_shared_memory(tmp_path):
+    """v4 without the barrier after staging queries and block ids: warps read shared memory no
+    thread wrote yet — poisoned NaN under emulation, never a lucky pass."""
+    impl = planted(tmp_path, "decode_v4.cu",
+                   "s_blocks[i] = table[i];\n  __syncthreads();", "s_blocks[i] = table[i];")
+    args, scale, ref, lse = decode_case(5, [300, 200], head_size=64, block_size=16)
+    out = impl.KERNELS["v4"](*args, scale)
+    assert not np.allclose(out.double().numpy(), ref, rtol=1e-2, atol=1e-2)
+
+
+@needs_solutions
+def test_planted_barrier_in_divergent_branch(tmp_path):
+    """v0's block_max barrier moved inside `if (lane == 0)`: a deadlock error naming the
+    line and the threads, never a hang."""
+    impl = planted(tmp_path, "decode_v0.cu",
+                   "if (threadIdx.x % WARP_SIZE == 0) red[threadIdx.x / WARP_SIZE] = v;\n"
+                   "  __syncthreads();\n  float r = red[0];",
+                   "if (threadIdx.x % WARP_SIZE == 0) {\n    red[threadIdx.x / WARP_SIZE] = v;\n"
+                   "    __syncthreads();\n  }\n  float r = red[0];")
+    args, scale, ref, lse = decode_case(5, [30, 20], head_size=64, block_size=16)
+    with pytest.raises(KernelDeadlockError, match=r"decode_v0\.cu:\d+.*__syncthreads|"
+                                                 r"__syncthreads.*decode_v0\.cu:\d+"):
+        impl.KERNELS["v0"](*args, scale)
+
+
+def test_without_emulation_cpu_tensors_still_raise():
+    """Emulation is opt-in: without it the launchers keep refusing CPU tensors (the validation
+    tests rely on it)."""
+    from reference.errors import DeviceMismatchError
+
+    if not (SOLUTIONS_DIR / LAB4).is_dir():
+        pytest.skip("needs the solutions/ folder")
+    args, scale, ref, lse = decode_case(1, [3], head_size=64)
+    with emulate.emulation(False), pytest.raises(DeviceMismatchError):
+        lab4().KERNELS["v1"](*args, scale)
+    assert REPO_ROOT.is_dir()
+
+
+# ----------------------------------------------------------------------------- Lab 5 kernels
+
+LAB5 = "lab05_prefill_kernels"
+
+
+@pytest.mark.skipif(not (SOLUTIONS_DIR / LAB5).is_dir(), reason="needs the solutions/ folder")
+@pytest.mark.parametrize("kernel_name, dtype, alibi", [
+    ("naive", "float32", False), ("naive", "float16", True), ("tiled", "float16", False),
+    ("tiled", "bfloat16", True), ("tc", "float16", False), ("tc", "bfloat16", True)])
+def test_lab5_solution_kernels_match_the_oracle_emulated(kernel_name, dtype, alibi):
+    """Every Lab 5 solution kernel (naive, tiled, tensor-core), through its launcher on CPU
+    tensors, matches the float64 oracle within the GPU tests' tolerance: ragged query lengths
+    over history, GQA, ALiBi, a sequence with a single new token."""
+    from labs.lab05_prefill_kernels._cases import check_close, launcher, make_batch, oracle
+    from reference.loader import load_impl
+
+    impl = load_impl(LAB5, "solution")
+    batch = make_batch(3, [5, 1, 40], [0, 17, 30], 4, 2, 64, 16, dtype=dtype, alibi=alibi,
+                       device="cpu")
+    out = launcher(impl, kernel_name)(**batch)
+    check_close(out, oracle(batch), batch, dtype=dtype, what=f"{kernel_name} (emulated)")
+
+
+def test_endless_loop_stops_with_a_timeout(tmp_path, monkeypatch):
+    """A kernel that never ends stops after PAGEDLAB_EMU_TIMEOUT seconds of CPU time with an
+    error naming the kernel and a thread, instead of hanging the test run."""
+    from reference.errors import KernelTimeoutError
+
+    monkeypatch.setenv("PAGEDLAB_EMU_TIMEOUT", "1")
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(volatile int* flag) { while (*flag == 0) {} }""")
+    with pytest.raises(KernelTimeoutError, match=r"kernel k, block \(0, 0, 0\)"):
+        rcuda.launch(k, (1,), (2,), (rcuda.ptr(torch.zeros(1, dtype=torch.int32)),))
