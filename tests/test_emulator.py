@@ -312,7 +312,7 @@ def lab4(kernel_dir=None):
 
 def planted(tmp_path, file: str, old: str, new: str):
     """A copy of Lab 4's solution kernels with one text edit in ``file`` (exactly once)."""
-    dst = tmp_path / "kernels"
+    dst = tmp_path / LAB4  # named after its lab, as mutant copies are: given headers resolve
     shutil.copytree(SOLUTIONS_DIR / LAB4, dst, ignore=shutil.ignore_patterns("*.py", "mutants"))
     text = (dst / file).read_text()
     assert text.count(old) == 1, f"{old!r} must occur once in {file}"
