@@ -159,6 +159,76 @@ def check_int_list(name: str, value: object, *, min_value: int | None = None) ->
             for i, v in enumerate(check_sequence(name, value))]
 
 
+def check_float_array(name: str, value: object, ndim: int, shape_doc: str) -> np.ndarray:
+    """Checks that ``value`` is a floating-point NumPy array with ``ndim`` dimensions.
+
+    Args:
+        name: the argument's name, used in the message.
+        value: what the caller passed.
+        ndim: required number of dimensions.
+        shape_doc: the expected shape in words, e.g. ``"[num_seqs, num_q_heads, head_size]"``.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        TypeError: not a NumPy array of floats.
+        ValueError: wrong number of dimensions.
+    """
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        got = type(value).__name__
+        if isinstance(value, np.ndarray):
+            got += f" of {value.dtype}"
+        raise TypeError(f"{name} must be a floating-point numpy array {shape_doc}, got {got}")
+    if value.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {shape_doc}, got shape {value.shape}")
+    return value
+
+
+def as_array(name: str, value: object) -> np.ndarray:
+    """Returns ``np.asarray(value)``, turning NumPy's own refusals into errors naming ``name``.
+
+    Raises:
+        TypeError: ``value`` is None, or NumPy cannot make a numeric array of it (ragged lists,
+            objects, strings).
+    """
+    if value is None:
+        raise TypeError(f"{name} must be an array, got None")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise TypeError(f"{name} must be a rectangular numeric array: {exc}") from None
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a numeric array, got dtype {arr.dtype}")
+    return arr
+
+
+def check_int_array(name: str, value: object, ndim: int, shape_doc: str) -> np.ndarray:
+    """Checks that ``value`` is an integer array (lists of ints are accepted) with ``ndim`` dims.
+
+    Args:
+        name: the argument's name, used in the message.
+        value: what the caller passed.
+        ndim: required number of dimensions.
+        shape_doc: the expected shape in words.
+
+    Returns:
+        ``value`` as an int64 NumPy array.
+
+    Raises:
+        TypeError: not integers (floats and bools are refused; an empty list is fine).
+        ValueError: wrong number of dimensions, or a uint64 value past int64's range.
+    """
+    arr = as_array(name, value)
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+        raise TypeError(f"{name} must hold integers {shape_doc}, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {shape_doc}, got shape {arr.shape}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {int(arr.max())}, past int64's range")
+    return arr.astype(np.int64)
+
+
 def check_scale(scale: object, *, name: str = "scale", dtype=np.float64) -> float:
     """Checks that ``scale`` is a real number that is finite and > 0 *in* ``dtype``.
 

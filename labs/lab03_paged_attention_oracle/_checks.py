@@ -13,64 +13,27 @@ claims more blocks than its table row holds would silently attend over another s
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from reference.checks import as_array, check_float_array, check_int, check_int_array, check_int_list
+from reference.checks import check_scale as _check_scale
 from reference.layout import PAD_BLOCK_ID, num_blocks_for
 
+__all__ = [  # the float/int array checks live in reference/checks.py, shared with the oracle
+    "check_float_array", "check_int_array", "check_scale", "check_kv_cache", "check_heads",
+    "check_head_size", "check_alibi_slopes", "check_block_tables", "check_cu_seqlens",
+    "check_dense_inputs", "check_state", "check_block_scores", "check_partitions",
+    "check_out_lse", "check_lead_shape", "check_float_dtype", "check_values_array",
+]
 
-def check_float_array(name: str, value: object, ndim: int, shape_doc: str) -> np.ndarray:
-    """Checks that ``value`` is a floating-point NumPy array with ``ndim`` dimensions.
 
-    Args:
-        name: the argument's name, used in the message.
-        value: what the caller passed.
-        ndim: required number of dimensions.
-        shape_doc: the expected shape in words, e.g. ``"[num_seqs, num_q_heads, head_size]"``.
+def check_scale(scale: object, dtype=np.float64) -> float:
+    """Checks that ``scale`` is a real number, finite and > 0 in ``dtype``; returns it as a float.
 
-    Returns:
-        ``value`` unchanged.
-
-    Raises:
-        TypeError: not a NumPy array of floats.
-        ValueError: wrong number of dimensions.
+    ``dtype=np.float32`` for code that multiplies in float32, as the kernels do: ``1e39`` is inf
+    there and ``1e-50`` is 0, so both are refused (ValueError naming ``scale``).
     """
-    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
-        got = type(value).__name__
-        if isinstance(value, np.ndarray):
-            got += f" of {value.dtype}"
-        raise TypeError(f"{name} must be a floating-point numpy array {shape_doc}, got {got}")
-    if value.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {shape_doc}, got shape {value.shape}")
-    return value
-
-
-def check_int_array(name: str, value: object, ndim: int, shape_doc: str) -> np.ndarray:
-    """Checks that ``value`` is an integer array (lists of ints are accepted) with ``ndim`` dims.
-
-    Returns:
-        ``value`` as an int64 NumPy array.
-
-    Raises:
-        TypeError: not integers (floats and bools are refused).
-        ValueError: wrong number of dimensions.
-    """
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-        raise TypeError(f"{name} must hold integers {shape_doc}, got dtype {arr.dtype}")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {shape_doc}, got shape {arr.shape}")
-    return arr.astype(np.int64)
-
-
-def check_scale(scale: object) -> float:
-    """Checks that ``scale`` is a finite positive real number and returns it as a float."""
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a float, got {type(scale).__name__} {scale!r}")
-    if not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be finite and > 0, got {scale}")
-    return float(scale)
+    return _check_scale(scale, name="scale", dtype=dtype)
 
 
 def check_kv_cache(key_cache: object, value_cache: object) -> tuple[int, int, int, int]:
@@ -89,6 +52,10 @@ def check_kv_cache(key_cache: object, value_cache: object) -> tuple[int, int, in
     if key_cache.shape != value_cache.shape:
         raise ValueError(f"value_cache shape {value_cache.shape} != key_cache shape "
                          f"{key_cache.shape}")
+    if 0 in key_cache.shape[1:]:
+        # NOTE: a block_size of 0 would divide by zero later; 0 heads or head_size is no cache.
+        raise ValueError(f"key_cache {doc} needs num_kv_heads, block_size and head_size >= 1, "
+                         f"got shape {key_cache.shape}")
     return tuple(int(d) for d in key_cache.shape)  # type: ignore[return-value]
 
 
@@ -96,8 +63,11 @@ def check_heads(num_q_heads: int, num_kv_heads: int) -> int:
     """Checks the GQA head counts and returns the group size ``num_q_heads // num_kv_heads``.
 
     Raises:
+        TypeError: a count is not an int.
         ValueError: ``num_q_heads`` is not a positive multiple of ``num_kv_heads``.
     """
+    num_q_heads = check_int("num_q_heads", num_q_heads)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads)
     if num_kv_heads <= 0 or num_q_heads <= 0 or num_q_heads % num_kv_heads:
         raise ValueError(
             f"num_q_heads={num_q_heads} must be a positive multiple of num_kv_heads={num_kv_heads} "
@@ -112,21 +82,36 @@ def check_head_size(name: str, head_size: int, cache_head_size: int) -> None:
         raise ValueError(f"{name} has head_size {head_size} but the KV cache has {cache_head_size}")
 
 
-def check_alibi_slopes(alibi_slopes: object, num_q_heads: int) -> np.ndarray | None:
-    """Checks optional ALiBi slopes: None, or ``[num_q_heads]`` finite floats.
+def check_alibi_slopes(alibi_slopes: object, num_q_heads: int,
+                       dtype=np.float64) -> np.ndarray | None:
+    """Checks optional ALiBi slopes: None, or ``[num_q_heads]`` floats, finite in ``dtype``.
+
+    Args:
+        alibi_slopes: what the caller passed.
+        num_q_heads: query heads.
+        dtype: the float type the slopes are used in (float32 for kernel-like code: a slope of
+            1e39 is inf there).
 
     Returns:
-        The slopes as float64, or None.
+        The slopes as ``dtype``, or None.
+
+    Raises:
+        TypeError: not an array of floats.
+        ValueError: wrong shape, or a slope that is not finite in ``dtype``.
     """
     if alibi_slopes is None:
         return None
-    arr = np.asarray(alibi_slopes)
-    if arr.dtype.kind != "f" or arr.shape != (num_q_heads,) or not np.isfinite(arr).all():
+    arr = as_array("alibi_slopes", alibi_slopes)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"alibi_slopes must be None or floats [num_q_heads], got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):
+        cast = arr.astype(dtype)
+    if arr.shape != (num_q_heads,) or not np.isfinite(cast).all():
         raise ValueError(
-            f"alibi_slopes must be None or {num_q_heads} finite floats [num_q_heads], "
-            f"got dtype {arr.dtype} shape {arr.shape}"
+            f"alibi_slopes must be None or {num_q_heads} floats [num_q_heads], finite as "
+            f"{np.dtype(dtype).name}; got dtype {arr.dtype} shape {arr.shape}"
         )
-    return arr.astype(np.float64)
+    return cast
 
 
 def check_block_tables(block_tables: object, context_lens: object, num_blocks: int,
@@ -204,3 +189,123 @@ def check_cu_seqlens(cu_seqlens_q: object, num_seqs: int, total_tokens: int,
         raise ValueError(f"sequence {s} has {int(q_lens[s])} query tokens but context_lens[{s}]="
                          f"{int(context_lens[s])}: the new tokens' K/V must already be cached")
     return cu
+
+
+def check_dense_inputs(q: object, k: object, v: object, causal: object):
+    """Checks :func:`dense_attention`'s arrays and returns them as float64.
+
+    Args:
+        q: [q_len, num_q_heads, head_size] floats.
+        k: [kv_len, num_kv_heads, head_size] floats.
+        v: [kv_len, num_kv_heads, head_size] floats.
+        causal: a bool.
+
+    Returns:
+        (q, k, v) as float64 arrays.
+
+    Raises:
+        TypeError: not float arrays (lists of floats are fine), or ``causal`` is not a bool.
+        ValueError: wrong dimensions, k and v of different shapes, or head sizes that differ.
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    out = []
+    for name, x, doc in (("q", q, "[q_len, num_q_heads, head_size]"),
+                         ("k", k, "[kv_len, num_kv_heads, head_size]"),
+                         ("v", v, "[kv_len, num_kv_heads, head_size]")):
+        arr = as_array(name, x)
+        out.append(check_float_array(name, arr, 3, doc).astype(np.float64))
+    q, k, v = out
+    if k.shape != v.shape:
+        raise ValueError(f"v shape {v.shape} != k shape {k.shape}")
+    check_head_size("q", q.shape[2], k.shape[2])
+    return q, k, v
+
+
+def check_float_dtype(dtype: object, name: str = "dtype") -> np.dtype:
+    """Checks that ``dtype`` names a NumPy float type (float16/32/64) and returns it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind != "f":
+        raise TypeError(f"{name} must be a numpy float dtype, got {dtype!r}")
+    return dt
+
+
+def check_lead_shape(lead_shape: object) -> tuple[int, ...]:
+    """Checks a shape: a sequence of ints >= 0 (``()`` for a scalar state)."""
+    return tuple(check_int_list("lead_shape", lead_shape, min_value=0))
+
+
+def check_state(m: object, l: object, acc: object) -> None:
+    """Checks an attention state ``(m, l, acc)``: float arrays ``[...]``, ``[...]``,
+    ``[..., head_size]``.
+
+    Raises:
+        TypeError: not float NumPy arrays.
+        ValueError: shapes that do not fit together.
+    """
+    for name, x in (("m", m), ("l", l), ("acc", acc)):
+        # NOTE: NumPy turns 0-d results into scalars (np.float64), so those count as arrays.
+        if not isinstance(x, (np.ndarray, np.floating)) or x.dtype.kind != "f":
+            raise TypeError(f"{name} must be a float numpy array, got {type(x).__name__}")
+    if l.shape != m.shape or acc.shape[:-1] != m.shape or acc.ndim != m.ndim + 1:
+        raise ValueError(f"a state is m [...], l [...], acc [..., head_size]; got m {m.shape}, "
+                         f"l {l.shape}, acc {acc.shape}")
+
+
+def check_block_scores(m: np.ndarray, acc: np.ndarray, scores: object, values: object) -> None:
+    """Checks one block for :func:`online_softmax_update`: scores ``[..., n]`` matching the
+    state, values ``[..., n, head_size]`` broadcasting against it."""
+    for name, x in (("scores", scores), ("values", values)):
+        if not isinstance(x, (np.ndarray, np.floating)) or x.dtype.kind != "f":
+            raise TypeError(f"{name} must be a float numpy array, got {type(x).__name__}")
+    if scores.shape[:-1] != m.shape or scores.ndim != m.ndim + 1:
+        raise ValueError(f"scores must be [..., n] with [...] = m's shape {m.shape}, got "
+                         f"{scores.shape}")
+    n, head_size = scores.shape[-1], acc.shape[-1]
+    if values.ndim < 2 or values.shape[-2:] != (n, head_size):
+        raise ValueError(f"values must be [..., n={n}, head_size={head_size}], got {values.shape}")
+    try:
+        np.broadcast_shapes(values.shape[:-2], m.shape)
+    except ValueError:
+        raise ValueError(f"values' leading shape {values.shape[:-2]} does not broadcast against "
+                         f"the state's {m.shape}") from None
+
+
+def check_partitions(m: object, l: object, acc: object) -> None:
+    """Checks partition states for :func:`merge_partitions`: a state with a leading
+    ``num_partitions >= 1`` axis."""
+    check_state(m, l, acc)
+    if m.ndim == 0 or m.shape[0] == 0:
+        raise ValueError(f"m must be [num_partitions >= 1, ...], got shape {m.shape}")
+
+
+def check_out_lse(out_a: object, lse_a: object, out_b: object, lse_b: object):
+    """Checks two (out, lse) results for :func:`merge_attn_states`; returns them as float64.
+
+    Raises:
+        TypeError: not float arrays.
+        ValueError: out is not ``[..., head_size]`` over lse's ``[...]``, or A and B differ.
+    """
+    arrays = []
+    for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        arr = as_array(name, x)
+        if arr.dtype.kind != "f":
+            raise TypeError(f"{name} must hold floats, got dtype {arr.dtype}")
+        arrays.append(arr.astype(np.float64))
+    oa, la, ob, lb = arrays
+    if oa.shape[:-1] != la.shape or oa.ndim != la.ndim + 1 or oa.shape != ob.shape \
+            or la.shape != lb.shape:
+        raise ValueError(f"need out [..., head_size] over lse [...], equal for A and B; got "
+                         f"out_a {oa.shape}, lse_a {la.shape}, out_b {ob.shape}, lse_b {lb.shape}")
+    return oa, la, ob, lb
+
+
+def check_values_array(name: str, x: object) -> np.ndarray:
+    """Checks an array of real numbers (ints or floats, not bools) and returns it."""
+    arr = as_array(name, x)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    return arr
