@@ -48,3 +48,15 @@ def impl(request: pytest.FixtureRequest):
     if lab is None:
         raise RuntimeError(f"{request.node.nodeid} is not inside labs/<lab>/; use load_impl()")
     return load_impl(lab)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--fuzz-examples N``: examples per test of the bad-input fuzz suite (``tests/fuzz``)."""
+    parser.addoption("--fuzz-examples", type=int, default=None,
+                     help="examples per fuzz test (default 120; env PAGEDLAB_FUZZ_EXAMPLES)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    n = config.getoption("--fuzz-examples", default=None)
+    if n is not None:
+        os.environ["PAGEDLAB_FUZZ_EXAMPLES"] = str(n)
