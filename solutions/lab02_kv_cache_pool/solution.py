@@ -201,11 +201,8 @@ class KVCachePool:
         self.max_model_len = check_int("max_model_len", max_model_len, min_value=1)
         self.dtype = _check_dtype(dtype)
         device = _check_device(device)
-        if block_manager is None:
-            block_manager = TrustedBlockAllocator(self.num_blocks)
-        else:
+        if block_manager is not None:
             _check_block_manager(block_manager, self.num_blocks)
-        self.block_manager = block_manager
         # The seed used num_blocks here: a table as wide as the whole pool, for every row.
         # The width a sequence can ever need is set by the longest sequence allowed.
         self.max_blocks_per_seq = num_blocks_for(self.max_model_len, self.block_size)
@@ -221,7 +218,7 @@ class KVCachePool:
             self.block_tables = torch.full((self.max_num_seqs, self.max_blocks_per_seq),
                                            PAD_BLOCK_ID, dtype=torch.int32, device=device)
             self.context_lens = torch.zeros(self.max_num_seqs, dtype=torch.int32, device=device)
-        except RuntimeError as exc:  # torch's out-of-memory and size-overflow errors
+        except (RuntimeError, TypeError) as exc:  # torch: out of memory; a size past int64
             raise ValueError(
                 f"a pool of num_blocks={self.num_blocks} × block_size={self.block_size} × "
                 f"num_kv_heads={self.num_kv_heads} × head_size={self.head_size} with a "
@@ -229,6 +226,9 @@ class KVCachePool:
                 f"(max_model_len={self.max_model_len}) cannot be allocated on {device}: {exc}"
             ) from None
         self.device = self.key_cache.device  # concrete: "cuda" becomes "cuda:0"
+        # Built after the tensors: a pool too large for memory fails above, cheaply.
+        self.block_manager = (TrustedBlockAllocator(self.num_blocks) if block_manager is None
+                              else block_manager)
         self._seqs: dict[int, _Sequence] = {}
         self._free_rows = list(range(self.max_num_seqs))  # a heap: the lowest free row first
 
