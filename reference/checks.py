@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from reference.layout import PAD_BLOCK_ID, num_blocks_for
+
 
 def _as_int(value: object) -> int | None:
     """Returns ``value`` as a Python int if it is an integer scalar, else None.
@@ -189,11 +191,15 @@ def as_array(name: str, value: object) -> np.ndarray:
     """Returns ``np.asarray(value)``, turning NumPy's own refusals into errors naming ``name``.
 
     Raises:
-        TypeError: ``value`` is None, or NumPy cannot make a numeric array of it (ragged lists,
-            objects, strings).
+        TypeError: ``value`` is None or a torch tensor, or NumPy cannot make a numeric array of
+            it (ragged lists, objects, strings).
     """
     if value is None:
         raise TypeError(f"{name} must be an array, got None")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        # NOTE: NumPy would take a CPU tensor and choke on a CUDA one; refuse both alike.
+        raise TypeError(f"{name} must be a numpy array, got a torch.Tensor (use .cpu().numpy())")
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as exc:
@@ -259,3 +265,189 @@ def check_scale(scale: object, *, name: str = "scale", dtype=np.float64) -> floa
         raise ValueError(f"{name} must be finite and > 0 as {np.dtype(dtype).name}, got {scale!r}"
                          f" (which is {rounded} in {np.dtype(dtype).name})")
     return value
+
+
+def check_kv_cache(key_cache: object, value_cache: object) -> tuple[int, int, int, int]:
+    """Checks the paged caches and returns ``(num_blocks, num_kv_heads, block_size, head_size)``.
+
+    Args:
+        key_cache: [num_blocks, num_kv_heads, block_size, head_size]
+        value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+
+    Raises:
+        TypeError / ValueError: not 4-D float arrays of the same shape.
+    """
+    doc = "[num_blocks, num_kv_heads, block_size, head_size]"
+    check_float_array("key_cache", key_cache, 4, doc)
+    check_float_array("value_cache", value_cache, 4, doc)
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(f"value_cache shape {value_cache.shape} != key_cache shape "
+                         f"{key_cache.shape}")
+    if 0 in key_cache.shape[1:]:
+        # NOTE: a block_size of 0 would divide by zero later; 0 heads or head_size is no cache.
+        raise ValueError(f"key_cache {doc} needs num_kv_heads, block_size and head_size >= 1, "
+                         f"got shape {key_cache.shape}")
+    return tuple(int(d) for d in key_cache.shape)  # type: ignore[return-value]
+
+
+def check_heads(num_q_heads: int, num_kv_heads: int) -> int:
+    """Checks the GQA head counts and returns the group size ``num_q_heads // num_kv_heads``.
+
+    Raises:
+        TypeError: a count is not an int.
+        ValueError: ``num_q_heads`` is not a positive multiple of ``num_kv_heads``.
+    """
+    num_q_heads = check_int("num_q_heads", num_q_heads)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads)
+    if num_kv_heads <= 0 or num_q_heads <= 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads={num_q_heads} must be a positive multiple of num_kv_heads={num_kv_heads} "
+            f"(GQA: each KV head serves num_q_heads // num_kv_heads query heads)"
+        )
+    return num_q_heads // num_kv_heads
+
+
+def check_head_size(name: str, head_size: int, cache_head_size: int) -> None:
+    """Raises ValueError when an array's head_size differs from the cache's."""
+    if head_size != cache_head_size:
+        raise ValueError(f"{name} has head_size {head_size} but the KV cache has {cache_head_size}")
+
+
+def check_alibi_slopes(alibi_slopes: object, num_q_heads: int,
+                       dtype=np.float64) -> np.ndarray | None:
+    """Checks optional ALiBi slopes: None, or ``[num_q_heads]`` floats, finite in ``dtype``.
+
+    Args:
+        alibi_slopes: what the caller passed.
+        num_q_heads: query heads.
+        dtype: the float type the slopes are used in (float32 for kernel-like code: a slope of
+            1e39 is inf there).
+
+    Returns:
+        The slopes as ``dtype``, or None.
+
+    Raises:
+        TypeError: not an array of floats.
+        ValueError: wrong shape, or a slope that is not finite in ``dtype``.
+    """
+    if alibi_slopes is None:
+        return None
+    arr = as_array("alibi_slopes", alibi_slopes)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"alibi_slopes must be None or floats [num_q_heads], got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):
+        cast = arr.astype(dtype)
+    if arr.shape != (num_q_heads,) or not np.isfinite(cast).all():
+        raise ValueError(
+            f"alibi_slopes must be None or {num_q_heads} floats [num_q_heads], finite as "
+            f"{np.dtype(dtype).name}; got dtype {arr.dtype} shape {arr.shape}"
+        )
+    return cast
+
+
+def check_block_tables(block_tables: object, context_lens: object, num_blocks: int,
+                       block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Checks block tables against the context lengths they must cover.
+
+    Args:
+        block_tables: [num_seqs, max_blocks_per_seq] int, padded with PAD_BLOCK_ID.
+        context_lens: [num_seqs] int >= 0.
+        num_blocks: physical blocks in the cache.
+        block_size: tokens per block.
+
+    Returns:
+        ``(block_tables, context_lens)`` as int64 arrays.
+
+    Raises:
+        TypeError: not integer arrays.
+        ValueError: shapes disagree, a length is negative, or a row is too short.
+        IndexError: an entry a sequence needs is not a physical block id (PAD_BLOCK_ID included).
+    """
+    tables = check_int_array("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
+    lens = check_int_array("context_lens", context_lens, 1, "[num_seqs]")
+    if lens.shape[0] != tables.shape[0]:
+        raise ValueError(f"context_lens has {lens.shape[0]} entries but block_tables has "
+                         f"{tables.shape[0]} rows (one per sequence)")
+    if (lens < 0).any():
+        s = int(np.argmax(lens < 0))
+        raise ValueError(f"context_lens[{s}]={int(lens[s])} is negative")
+    capacity = tables.shape[1] * block_size
+    if (lens > capacity).any():
+        s = int(np.argmax(lens > capacity))
+        needs = num_blocks_for(int(lens[s]), block_size)
+        raise ValueError(f"context_lens[{s}]={int(lens[s])} needs {needs} blocks but block_tables "
+                         f"rows hold {tables.shape[1]}")
+    needed = -(-lens // block_size)  # [num_seqs]
+    in_use = np.arange(tables.shape[1])[None, :] < needed[:, None]
+    bad = in_use & ((tables < 0) | (tables >= num_blocks))
+    if bad.any():
+        s, j = (int(x) for x in np.argwhere(bad)[0])
+        what = " (PAD_BLOCK_ID)" if tables[s, j] == PAD_BLOCK_ID else ""
+        raise IndexError(
+            f"block_tables[{s}, {j}]={int(tables[s, j])}{what} is not a block id in "
+            f"[0, {num_blocks}), but sequence {s} with context_len={int(lens[s])} needs logical "
+            f"block {j}"
+        )
+    return tables, lens
+
+
+def check_cu_seqlens(cu_seqlens_q: object, num_seqs: int, total_tokens: int,
+                     context_lens: np.ndarray) -> np.ndarray:
+    """Checks varlen query offsets against the packed query and the context lengths.
+
+    Args:
+        cu_seqlens_q: [num_seqs + 1] int, starts at 0, non-decreasing, ends at total_tokens.
+        num_seqs: sequences in the batch.
+        total_tokens: rows of the packed query.
+        context_lens: [num_seqs] keys per sequence (history + new tokens).
+
+    Returns:
+        ``cu_seqlens_q`` as int64.
+
+    Raises:
+        ValueError: bad offsets, or a sequence with more query tokens than keys.
+    """
+    cu = check_int_array("cu_seqlens_q", cu_seqlens_q, 1, "[num_seqs + 1]")
+    if cu.shape[0] != num_seqs + 1:
+        raise ValueError(f"cu_seqlens_q must have num_seqs + 1 = {num_seqs + 1} entries, "
+                         f"got {cu.shape[0]}")
+    if cu[0] != 0 or cu[-1] != total_tokens or (np.diff(cu) < 0).any():
+        raise ValueError(f"cu_seqlens_q must start at 0, never decrease and end at the query's "
+                         f"{total_tokens} tokens, got {cu.tolist()}")
+    q_lens = np.diff(cu)
+    if (q_lens > context_lens).any():
+        s = int(np.argmax(q_lens > context_lens))
+        raise ValueError(f"sequence {s} has {int(q_lens[s])} query tokens but context_lens[{s}]="
+                         f"{int(context_lens[s])}: the new tokens' K/V must already be cached")
+    return cu
+
+
+def check_dense_inputs(q: object, k: object, v: object, causal: object):
+    """Checks :func:`dense_attention`'s arrays and returns them as float64.
+
+    Args:
+        q: [q_len, num_q_heads, head_size] floats.
+        k: [kv_len, num_kv_heads, head_size] floats.
+        v: [kv_len, num_kv_heads, head_size] floats.
+        causal: a bool.
+
+    Returns:
+        (q, k, v) as float64 arrays.
+
+    Raises:
+        TypeError: not float arrays (lists of floats are fine), or ``causal`` is not a bool.
+        ValueError: wrong dimensions, k and v of different shapes, or head sizes that differ.
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    out = []
+    for name, x, doc in (("q", q, "[q_len, num_q_heads, head_size]"),
+                         ("k", k, "[kv_len, num_kv_heads, head_size]"),
+                         ("v", v, "[kv_len, num_kv_heads, head_size]")):
+        arr = as_array(name, x)
+        out.append(check_float_array(name, arr, 3, doc).astype(np.float64))
+    q, k, v = out
+    if k.shape != v.shape:
+        raise ValueError(f"v shape {v.shape} != k shape {k.shape}")
+    check_head_size("q", q.shape[2], k.shape[2])
+    return q, k, v
