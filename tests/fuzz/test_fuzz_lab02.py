@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from _fuzz_harness import NON_INTEGERS, accepted, fuzz_settings, huge_ints, integer_like, refused
@@ -153,10 +153,18 @@ def _free_or_shared_slot(pool):
 @given(data=st.data())
 def test_bad_writes_are_refused_before_anything_is_written(impl, data):
     pool = data.draw(pools(impl))
-    n = data.draw(st.integers(1, 3))
-    private = [b for b in range(pool.num_blocks) if pool.block_manager.get_ref_count(b) == 1]
-    slots = torch.tensor([private[0] * pool.block_size + i for i in range(n)] if private
-                         else [0] * n, dtype=torch.int64)
+    n = data.draw(st.integers(2, 3))
+    def private_blocks():
+        return [b for b in range(pool.num_blocks) if pool.block_manager.get_ref_count(b) == 1]
+
+    if not private_blocks():
+        try:
+            pool.add_sequence(999_999, n)  # a private block for the valid slots to live in
+        except (ValueError, MemoryError, RuntimeError):
+            pass
+    private = private_blocks()
+    assume(private)
+    slots = torch.tensor([private[0] * pool.block_size + i for i in range(n)], dtype=torch.int64)
     k, v = kv(pool, n)
     num_slots = pool.num_blocks * pool.block_size
     wrong_slot = data.draw(st.sampled_from([-1, -num_slots - 1, num_slots, 2**40]))
@@ -178,10 +186,9 @@ def test_bad_writes_are_refused_before_anything_is_written(impl, data):
         (lambda: pool.write_kv(slots, k, pool.value_cache[0, :, :n].transpose(0, 1)), ("value",)),
         (lambda: pool.write_kv(slots, pool.key_cache[1, :, :n].transpose(0, 1), v), ("key",)),
     ]
-    if n > 1:
-        dup = slots.clone()
-        dup[-1] = dup[0]
-        cases.append((lambda: pool.write_kv(dup, k, v), ("slot",)))
+    dup = slots.clone()
+    dup[-1] = dup[0]
+    cases.append((lambda: pool.write_kv(dup, k, v), ("slot",)))
     other = _free_or_shared_slot(pool)
     if other is not None:
         foreign = slots.clone()
