@@ -76,7 +76,9 @@ def _corruptions(draw, args):
         ("query", torch.from_numpy(q.copy()), ("query",)),
         ("query", q[0], ("query",)),
         ("query", np.zeros(q.shape[:2] + (head_size + 1,), q.dtype), ("query", "head_size")),
-        ("query", np.zeros((q.shape[0], 3, head_size), q.dtype), ("num_q_heads",)),
+        ("query", np.zeros((q.shape[0], 0, head_size), q.dtype), ("num_q_heads",)),
+        ("query", np.zeros((q.shape[0], 2 * kc.shape[1] + 1, head_size), q.dtype)
+         if kc.shape[1] > 1 else q[0], ("num_q_heads", "query")),
         ("query", np.zeros((q.shape[0] + 1,) + q.shape[1:], q.dtype), ("query", "rows")),
         ("key_cache", draw(NOT_AN_ARRAY), ("key_cache",)),
         ("key_cache", kc.astype(np.int32), ("key_cache",)),
@@ -120,7 +122,11 @@ def test_decode_family_refuses_each_bad_argument(impl, data):
     args = data.draw(decode_cases())
     fn_name = data.draw(st.sampled_from(["paged_decode", "paged_decode_split_k",
                                          "paged_decode_lowp", "paged_decode_ref"]))
-    arg, bad, names = data.draw(st.sampled_from(corruptions(data.draw, args)))
+    candidates = corruptions(data.draw, args)
+    if fn_name == "paged_decode_lowp":  # float32 arithmetic: finite float64s that it cannot hold
+        candidates += [("scale", data.draw(st.sampled_from([1e39, 1e-50])), ("scale",)),
+                       ("alibi_slopes", np.full(args["query"].shape[1], 1e39), ("alibi_slopes",))]
+    arg, bad, names = data.draw(st.sampled_from(candidates))
     if fn_name == "paged_decode_ref" and arg == "value_cache":
         names = names + ("key_cache",)
     fn = getattr(ref_oracle, fn_name) if fn_name.endswith("_ref") else getattr(impl, fn_name)
@@ -165,7 +171,8 @@ def test_split_k_and_partition_integers_are_never_rounded(impl, data):
             st.sampled_from([0, -4, 3, 10**30 + 1]))), ("partition_size",)),
         (lambda: impl.partition_attention(q0, kc, vc, bt0, bad, scale), ("context_len",)),
         (lambda: impl.partition_attention(q0, kc, vc, bt0, n, scale, bad), ("start_token_idx",)),
-        (lambda: impl.partition_attention(q0, kc, vc, bt0, n, scale, 0, bad), ("end_token_idx",)),
+        (lambda: impl.partition_attention(q0, kc, vc, bt0, n, scale, 0, 2.5 if bad is None
+                                          else bad), ("end_token_idx",)),  # None: to the end
         (lambda: impl.partition_attention(q0, kc, vc, bt0, n, scale, 0, n + 1), ("end_token_idx",)),
         (lambda: impl.partition_attention(q0, kc, vc, bt0, n, scale, compute_dtype=np.int32),
          ("compute_dtype",)),
@@ -273,7 +280,7 @@ def test_prefill_and_dense_refuse_each_bad_argument(impl, data):
         ("cu_seqlens_q", cu.astype(np.float64), ("cu_seqlens_q",)),
         ("cu_seqlens_q", cu[:-1], ("cu_seqlens_q",)),
         ("cu_seqlens_q", bad_cu, ("cu_seqlens_q",)),
-        ("cu_seqlens_q", cu[::-1].copy(), ("cu_seqlens_q",)),
+        ("cu_seqlens_q", np.concatenate([[1], cu[1:]]), ("cu_seqlens_q",)),  # must start at 0
         ("query", data.draw(NOT_AN_ARRAY), ("query",)),
         ("scale", data.draw(BAD_SCALES), ("scale",)),
         ("context_lens", np.zeros_like(args["context_lens"]) - 1, ("context_lens",)),
@@ -326,3 +333,41 @@ def test_reference_input_builders_refuse_bad_arguments(data):
     ]
     call, names = data.draw(st.sampled_from(cases))
     refused(call, names=names, what="a bad reference input builder call")
+
+
+@fuzz_settings(0.5)
+@given(data=st.data())
+def test_non_finite_data_reaches_exactly_the_queries_that_read_it(impl, data):
+    """The NaN/inf contract: a NaN or ±inf in a key or value row makes the output of every
+    query head that reads it non-finite (an infinite key is never taken for a masked one), and
+    leaves every other sequence's output exactly as it was."""
+    args = data.draw(decode_cases())
+    lens = args["context_lens"]
+    assume_seq = [s for s in range(len(lens)) if lens[s] > 0]
+    if not assume_seq:
+        return
+    args["query"] = np.abs(args["query"]) + np.asarray(0.1, args["query"].dtype)
+    args["alibi_slopes"] = None
+    fn_name = data.draw(st.sampled_from(["paged_decode", "paged_decode_split_k",
+                                         "paged_decode_lowp"]))
+    fn = getattr(impl, fn_name)
+    extra = {"partition_size": args["key_cache"].shape[2]} if "split_k" in fn_name else {}
+    clean_out, _ = fn(**args, **extra)
+    s = data.draw(st.sampled_from(assume_seq))
+    t = data.draw(st.integers(0, int(lens[s]) - 1))
+    block_size = args["key_cache"].shape[2]
+    block, row = int(args["block_tables"][s, t // block_size]), t % block_size
+    kv_head = data.draw(st.integers(0, args["key_cache"].shape[1] - 1))
+    cache, value = data.draw(st.sampled_from([("key_cache", -np.inf), ("key_cache", np.nan),
+                                              ("value_cache", np.inf), ("value_cache", np.nan)]))
+    poisoned = args[cache].copy()
+    poisoned[block, kv_head, row, :] = value
+    out, lse = fn(**dict(args, **{cache: poisoned}), **extra)
+    group = args["query"].shape[1] // args["key_cache"].shape[1]
+    heads = list(range(kv_head * group, (kv_head + 1) * group))
+    assert not np.isfinite(out[s, heads]).all(axis=-1).any(), (
+        f"{fn_name}: {value} in {cache} row read by sequence {s} left a finite output "
+        f"(a -inf score from data must not be read as a masked key)")
+    others = [i for i in range(len(lens)) if i != s]
+    assert np.array_equal(out[others], clean_out[others], equal_nan=True), (
+        f"{fn_name}: poisoning sequence {s}'s row changed another sequence's output")
