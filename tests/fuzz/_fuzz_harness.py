@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections import Counter
 from decimal import Decimal
 from fractions import Fraction
 
@@ -43,6 +44,9 @@ def fuzz_settings(scale: float = 1.0) -> settings:
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     report_multiple_bugs=False)
 
+
+#: Calls made by this session's fuzz tests, by outcome (printed at the end of the run).
+STATS: Counter = Counter()
 
 #: The error types the workbook documents; anything else is a foreign error.
 DOCUMENTED_ERRORS = (TypeError, ValueError, IndexError) + tuple(
@@ -102,6 +106,7 @@ def refused(call, *, names, snapshot=None, what: str = ""):
         The exception raised.
     """
     before = snapshot() if snapshot is not None else None
+    STATS["bad calls"] += 1
     try:
         result = call()
     except Exception as exc:  # noqa: BLE001 — classifying it is the point
@@ -118,6 +123,7 @@ def refused(call, *, names, snapshot=None, what: str = ""):
 
 def accepted(call, *, what: str = ""):
     """Runs a call that must be accepted; fails with the error if it is refused."""
+    STATS["good calls"] += 1
     try:
         return call()
     except Exception as exc:  # noqa: BLE001
