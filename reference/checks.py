@@ -32,6 +32,8 @@ def _as_int(value: object) -> int | None:
     Integer scalars: Python ints, NumPy integers, 0-d NumPy integer arrays and 0-d torch
     integer tensors. Bools of every library are not integers here.
     """
+    if type(value) is int:  # the common case, first
+        return value
     if isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, numbers.Integral):
@@ -136,7 +138,7 @@ def check_sequence(name: str, value: object) -> list:
     torch = sys.modules.get("torch")
     if isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor)):
         if value.ndim == 1:
-            return list(value)
+            return value.tolist()  # Python scalars of the same kind (ints stay ints)
         raise TypeError(f"{name} must be 1-D, got an array of shape {tuple(value.shape)}")
     # NOTE: a str is a Sequence too: "12" would read as the tokens "1", "2".
     raise TypeError(f"{name} must be a list of ints, got {_describe(value)}")
@@ -157,8 +159,16 @@ def check_int_list(name: str, value: object, *, min_value: int | None = None) ->
         TypeError: not a sequence, or an item is not an integer.
         ValueError: an item is below ``min_value``.
     """
-    return [check_int(f"{name}[{i}]", v, min_value=min_value)
-            for i, v in enumerate(check_sequence(name, value))]
+    out = []
+    for i, v in enumerate(check_sequence(name, value)):
+        as_int = _as_int(v)
+        # NOTE: messages are formatted only on failure: this runs once per token of a prompt.
+        if as_int is None:
+            raise TypeError(f"{name}[{i}] must be an int, got {_describe(v)}")
+        if min_value is not None and as_int < min_value:
+            raise ValueError(f"{name}[{i}] must be >= {min_value}, got {as_int}")
+        out.append(as_int)
+    return out
 
 
 def check_float_array(name: str, value: object, ndim: int, shape_doc: str) -> np.ndarray:
