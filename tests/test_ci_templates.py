@@ -55,9 +55,9 @@ def _student(release: Path, dest: Path, starter: str | None = None) -> Path:
 def _half_solution() -> str:
     """The solution with hashing left undone: earns partial credit."""
     text = SOLUTION.read_text()
-    return text.replace('    payload = f"{parent_block_hash}',
+    return text.replace('    payload = f"{parent}',
                         '    raise NotImplementedError("TODO(lab1.5): not done")\n'
-                        '    payload = f"{parent_block_hash}', 1)
+                        '    payload = f"{parent}', 1)
 
 
 def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
