@@ -50,10 +50,19 @@ def impl(request: pytest.FixtureRequest):
     return load_impl(lab)
 
 
-def pytest_configure(config):
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--fuzz-examples N``: examples per test of the bad-input fuzz suite (``tests/fuzz``)."""
+    parser.addoption("--fuzz-examples", type=int, default=None,
+                     help="examples per fuzz test (default 120; env PAGEDLAB_FUZZ_EXAMPLES)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "emulated: a kernel test that runs on the emulated device (reference/emulate.py) "
         "when PAGEDLAB_DEVICE=emulate is set")
+    n = config.getoption("--fuzz-examples", default=None)
+    if n is not None:
+        os.environ["PAGEDLAB_FUZZ_EXAMPLES"] = str(n)
 
 
 @pytest.fixture(autouse=True)

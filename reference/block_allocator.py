@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from reference.checks import check_index, check_int
+from reference.checks import check_index, check_int, check_sequence
 from reference.errors import BlockNotAllocatedError, DoubleFreeError, OutOfBlocksError
 
 
@@ -34,10 +34,14 @@ class TrustedBlockAllocator:
             num_blocks: number of physical blocks.
 
         Raises:
-            TypeError / ValueError: ``num_blocks`` is not an int >= 1.
+            TypeError / ValueError: ``num_blocks`` is not an int >= 1, or too large to track.
         """
         self.num_blocks = check_int("num_blocks", num_blocks, min_value=1)
-        self._ref_counts = np.zeros(self.num_blocks, dtype=np.int64)  # [num_blocks]
+        try:
+            self._ref_counts = np.zeros(self.num_blocks, dtype=np.int64)  # [num_blocks]
+        except (MemoryError, ValueError):
+            raise ValueError(f"num_blocks={self.num_blocks} is too many to track in memory") \
+                from None
         self._free_ids: deque[int] = deque(range(self.num_blocks))
 
     @property
@@ -111,10 +115,11 @@ class TrustedBlockAllocator:
             block_ids: ids in logical order; an id may repeat if it is held several times.
 
         Raises:
-            TypeError / IndexError: an id is invalid.
+            TypeError / IndexError: ``block_ids`` is not a list, or an id is invalid.
             DoubleFreeError: an id is listed more times than it is referenced (nothing freed).
         """
-        ids = [self._check_id(b) for b in block_ids]
+        ids = [check_index(f"block_ids[{i}]", b, self.num_blocks)
+               for i, b in enumerate(check_sequence("block_ids", block_ids))]
         wanted = np.bincount(np.asarray(ids, dtype=np.int64), minlength=self.num_blocks)
         over = np.flatnonzero(wanted > self._ref_counts)
         if over.size:

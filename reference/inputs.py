@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference.checks import check_int, check_int_list, check_scale
 from reference.layout import PAD_BLOCK_ID, num_blocks_for
 
 
@@ -71,9 +72,25 @@ def make_paged_kv(
 
     Returns:
         The cache, its block tables, and the logical K/V per sequence (in ``dtype``).
+
+    Raises:
+        TypeError / ValueError: an argument of the wrong type or out of range (named).
     """
+    seed = check_int("seed", seed, min_value=0)
+    lens = np.asarray(check_int_list("context_lens", context_lens, min_value=0), dtype=np.int64)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
+    head_size = check_int("head_size", head_size, min_value=1)
+    block_size = check_int("block_size", block_size, min_value=1)
+    extra_blocks = check_int("extra_blocks", extra_blocks, min_value=0)
+    if max_blocks_per_seq is not None:
+        max_blocks_per_seq = check_int("max_blocks_per_seq", max_blocks_per_seq, min_value=0)
+    try:
+        if np.dtype(dtype).kind != "f":
+            raise TypeError
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy float dtype, got {dtype!r}") from None
+    scale = check_scale(scale)
     rng = np.random.default_rng(seed)
-    lens = np.asarray(context_lens, dtype=np.int64)
     per_seq = [num_blocks_for(int(n), block_size) for n in lens]
     num_blocks = sum(per_seq) + extra_blocks
     width = max_blocks_per_seq if max_blocks_per_seq is not None else max(per_seq, default=0) + 2
@@ -132,7 +149,14 @@ def make_decode_case(
     alibi: bool = False,
     **kv_kwargs,
 ) -> DecodeCase:
-    """Builds a random decode case (see :func:`make_paged_kv` for the cache arguments)."""
+    """Builds a random decode case (see :func:`make_paged_kv` for the cache arguments).
+
+    Raises:
+        TypeError / ValueError: bad arguments (named); ``num_q_heads`` not a multiple of
+            ``num_kv_heads``.
+    """
+    num_q_heads = check_int("num_q_heads", num_q_heads, min_value=1)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     kv = make_paged_kv(seed, context_lens, num_kv_heads, head_size, block_size, dtype=dtype, **kv_kwargs)
@@ -177,11 +201,19 @@ def make_prefill_case(
     alibi: bool = False,
     **kv_kwargs,
 ) -> PrefillCase:
-    """Builds a random varlen prefill case with history (chunked prefill)."""
-    q_lens = np.asarray(query_lens, dtype=np.int64)
-    h_lens = np.asarray(history_lens, dtype=np.int64)
+    """Builds a random varlen prefill case with history (chunked prefill).
+
+    Raises:
+        TypeError / ValueError: bad arguments (named), or lists of different lengths.
+    """
+    q_lens = np.asarray(check_int_list("query_lens", query_lens, min_value=0), dtype=np.int64)
+    h_lens = np.asarray(check_int_list("history_lens", history_lens, min_value=0), dtype=np.int64)
+    num_q_heads = check_int("num_q_heads", num_q_heads, min_value=1)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
     if q_lens.shape != h_lens.shape:
         raise ValueError("query_lens and history_lens must have the same length")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     kv = make_paged_kv(seed, q_lens + h_lens, num_kv_heads, head_size, block_size, dtype=dtype, **kv_kwargs)
     rng = np.random.default_rng(seed + 20_011)
     query = rng.standard_normal((int(q_lens.sum()), num_q_heads, head_size)).astype(dtype)
@@ -195,7 +227,11 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
     For a power of two ``n`` the slopes are ``2^(-8/n), 2^(-16/n), ...``; other counts take
     the power of two below and interleave the next one's odd slopes, as in the paper's code.
+
+    Raises:
+        TypeError / ValueError: ``num_heads`` is not an int >= 1.
     """
+    num_heads = check_int("num_heads", num_heads, min_value=1)
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
         return [start ** (i + 1) for i in range(n)]

@@ -13,12 +13,28 @@ Semantics shared by every lab (Lab 3 teaches them, Labs 4–5 implement them):
   * ALiBi: ``score += slope[h] * (key_pos - query_pos)`` (never positive under causal masking).
   * A sequence with no keys (``context_len == 0``) has output exactly 0 and log-sum-exp -inf —
     the identity of the split-K merge. Kernels must write those zeros.
+  * NaN/inf: arguments are checked (shapes, dtypes, ids, lengths, a finite scale and slopes);
+    data is not scanned. Non-finite data a query reads makes that query's output non-finite
+    (a -inf score computed from data becomes NaN, never "masked"); rows it does not read never
+    matter.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from reference.checks import (
+    check_alibi_slopes,
+    check_block_tables,
+    check_cu_seqlens,
+    check_dense_inputs,
+    check_float_array,
+    check_head_size,
+    check_heads,
+    check_int,
+    check_kv_cache,
+    check_scale,
+)
 from reference.layout import num_blocks_for
 
 
@@ -33,10 +49,19 @@ def gather_kv(key_cache, value_cache, block_table, context_len: int):
 
     Returns:
         (k, v), each [context_len, num_kv_heads, head_size] float64.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad caches, length or block table (an entry the
+            sequence needs that is not a block id, PAD included).
     """
-    block_size = key_cache.shape[2]
-    n_blocks = num_blocks_for(int(context_len), block_size)
-    ids = np.asarray(block_table[:n_blocks], dtype=np.int64)
+    num_blocks, _, block_size, _ = check_kv_cache(key_cache, value_cache)
+    context_len = check_int("context_len", context_len, min_value=0)
+    table = np.asarray(block_table) if isinstance(block_table, (list, tuple)) else block_table
+    if not isinstance(table, np.ndarray):
+        raise TypeError(f"block_table must be an int array, got {type(block_table).__name__}")
+    tables, _ = check_block_tables(table[None], [context_len], num_blocks, block_size)
+    n_blocks = num_blocks_for(context_len, block_size)
+    ids = tables[0, :n_blocks]
     k = np.asarray(key_cache, dtype=np.float64)[ids]  # [n_blocks, Hkv, bs, D]
     v = np.asarray(value_cache, dtype=np.float64)[ids]
     k = k.transpose(0, 2, 1, 3).reshape(n_blocks * block_size, *k.shape[1:2], k.shape[3])
@@ -58,12 +83,19 @@ def attention_ref(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=No
     Returns:
         (out, lse): out [q_len, num_q_heads, head_size], lse [q_len, num_q_heads] (natural log
         of the softmax denominator, including the max; -inf for a query that sees no key).
+
+    Raises:
+        TypeError / ValueError: bad arrays, head counts, scale or slopes, or
+            ``0 < kv_len < q_len`` with ``causal``.
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    q, k, v = check_dense_inputs(q, k, v, causal)
     q_len, num_q_heads, head_size = q.shape
     kv_len, num_kv_heads, _ = k.shape
+    check_heads(num_q_heads, num_kv_heads)
+    if causal and 0 < kv_len < q_len:  # (no keys at all is the zero-length case: out 0)
+        raise ValueError(f"q_len={q_len} > kv_len={kv_len}: causal queries are the last q_len keys")
+    scale = check_scale(scale)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, num_q_heads)
     out = np.zeros((q_len, num_q_heads, head_size))
     lse = np.full((q_len, num_q_heads), -np.inf)
     if q_len == 0 or kv_len == 0:
@@ -72,6 +104,7 @@ def attention_ref(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=No
     kh = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]: query head h reads KV head h // group
     vh = np.repeat(v, group, axis=1)
     scores = np.einsum("qhd,khd->hqk", q, kh) * scale  # [Hq, q_len, kv_len]
+    scores = np.where(np.isneginf(scores), np.nan, scores)  # data -inf is not a mask
     q_pos = np.arange(kv_len - q_len, kv_len)
     k_pos = np.arange(kv_len)
     if alibi_slopes is not None:
@@ -102,8 +135,24 @@ def paged_decode_ref(query, key_cache, value_cache, block_tables, context_lens, 
 
     Returns:
         (out, lse): [num_seqs, num_q_heads, head_size] and [num_seqs, num_q_heads], float64.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad arrays, head counts, block tables, lengths,
+            scale or slopes (all checked before anything is computed).
     """
+    num_blocks, num_kv_heads, block_size, cache_head_size = check_kv_cache(key_cache,
+                                                                           value_cache)
+    check_float_array("query", query, 3, "[num_seqs, num_q_heads, head_size]")
     num_seqs, num_q_heads, head_size = query.shape
+    check_head_size("query", head_size, cache_head_size)
+    check_heads(num_q_heads, num_kv_heads)
+    block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks,
+                                                    block_size)
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"query has {num_seqs} sequences but block_tables has "
+                         f"{block_tables.shape[0]} rows")
+    check_scale(scale)
+    check_alibi_slopes(alibi_slopes, num_q_heads)
     out = np.zeros((num_seqs, num_q_heads, head_size))
     lse = np.full((num_seqs, num_q_heads), -np.inf)
     for s in range(num_seqs):
@@ -132,8 +181,22 @@ def paged_prefill_ref(query, key_cache, value_cache, block_tables, cu_seqlens_q,
     Returns:
         (out, lse): [total_query_tokens, num_q_heads, head_size] and
         [total_query_tokens, num_q_heads], float64.
+
+    Raises:
+        TypeError / ValueError / IndexError: bad arrays, offsets, head counts, block tables,
+            lengths, scale or slopes (all checked before anything is computed).
     """
+    num_blocks, num_kv_heads, block_size, cache_head_size = check_kv_cache(key_cache,
+                                                                           value_cache)
+    check_float_array("query", query, 3, "[total_query_tokens, num_q_heads, head_size]")
     total, num_q_heads, head_size = query.shape
+    check_head_size("query", head_size, cache_head_size)
+    check_heads(num_q_heads, num_kv_heads)
+    block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks,
+                                                    block_size)
+    cu_seqlens_q = check_cu_seqlens(cu_seqlens_q, block_tables.shape[0], total, context_lens)
+    check_scale(scale)
+    check_alibi_slopes(alibi_slopes, num_q_heads)
     out = np.zeros((total, num_q_heads, head_size))
     lse = np.full((total, num_q_heads), -np.inf)
     for s in range(len(cu_seqlens_q) - 1):

@@ -8,14 +8,17 @@ checkout's half-written ones.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
+from reference.grader.results import total_points
 from reference.paths import REPO_ROOT
 
 TRUSTED = ("conftest.py", "pyproject.toml", "README.md")
@@ -81,3 +84,19 @@ def by_name(results: dict) -> dict[str, dict]:
         name = test["name"].split(" · ")[-1].split(":")[0]
         out[name] = test
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def lab_points(lab: str, hidden: bool = False) -> int:
+    """The points a lab's tests (or its hidden tests) declare, as this checkout collects them.
+
+    Expectations in the grading tests use it instead of a number that every new test changes.
+    """
+    folder = (REPO_ROOT / "solutions" / lab / "hidden") if hidden else (REPO_ROOT / "labs" / lab)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run([sys.executable, "-m", "pytest", str(folder), "--collect-only", "-q",
+                        "-p", "no:cacheprovider", "-p", "no:nbval", "--pagedlab-report",
+                        str(report)], cwd=REPO_ROOT, capture_output=True, check=True)
+        points = json.loads(report.read_text())["points"]
+    return int(total_points(points.values()))

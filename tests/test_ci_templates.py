@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grading_helpers import pagedlab
+from grading_helpers import pagedlab, lab_points
 from reference.grader.classroom import reporter_total
 from reference.grader.mutants import build_mutant, load_mutants
 from reference.grader.results import total_points
@@ -26,6 +26,9 @@ from reference.paths import REPO_ROOT
 SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SLOW_TESTS") != "1",
                           reason="slow end-to-end test: PAGEDLAB_SLOW_TESTS=1 runs it")
 LAB1 = "lab01_block_manager"
+#: Lab 1's public points, and with its hidden tests (as this checkout declares them).
+LAB1_PUBLIC_POINTS = lab_points(LAB1)
+LAB1_ALL_POINTS = LAB1_PUBLIC_POINTS + lab_points(LAB1, hidden=True)
 SOLUTION = REPO_ROOT / "solutions" / LAB1 / "solution.py"
 
 
@@ -56,9 +59,9 @@ def _student(release: Path, dest: Path, starter: str | None = None) -> Path:
 def _half_solution() -> str:
     """The solution with hashing left undone: earns partial credit."""
     text = SOLUTION.read_text()
-    return text.replace('    payload = f"{parent_block_hash}',
+    return text.replace('    payload = f"{parent}',
                         '    raise NotImplementedError("TODO(lab1.5): not done")\n'
-                        '    payload = f"{parent_block_hash}', 1)
+                        '    payload = f"{parent}', 1)
 
 
 def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
@@ -89,16 +92,16 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
     return reporter_total(encoded)
 
 
-@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", 41), ("half", "partial")])
+@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", LAB1_PUBLIC_POINTS), ("half", "partial")])
 def test_classroom_workflow_steps_grade_the_release(release, tmp_path, starter, expect):
-    """The workflow's per-lab step gives Classroom 0/41 for the untouched release, 41/41 with
+    """The workflow's per-lab step gives Classroom 0/N for the untouched release, N/N with
     the solution, and partial credit (exactly what `pagedlab grade` scores) in between."""
     text = {"solution": SOLUTION.read_text(), "half": _half_solution(), None: None}[starter]
     root = _student(release, tmp_path / "s", text)
     total, maximum = _run_classroom_workflow(root, tmp_path)
-    assert maximum == 41
+    assert maximum == LAB1_PUBLIC_POINTS
     if expect == "partial":
-        assert 0 < total < 41
+        assert 0 < total < LAB1_PUBLIC_POINTS
         res = json.loads((root / "results-lab01.json").read_text())
         assert total == pytest.approx(res["score"], abs=0.05)
     else:
@@ -141,14 +144,14 @@ def test_bundle_holds_the_scripts_hidden_tests_and_no_solutions(bundle):
     assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
     assert any(n.startswith(f"hidden/{LAB1}/test_lab01_hidden") for n in names)
     assert not any(n.startswith("solutions/") or n.endswith("solution.py") for n in names)
-    assert total_points(manifest["tests"][LAB1].values()) == 45  # 41 public + 4 hidden
+    assert total_points(manifest["tests"][LAB1].values()) == LAB1_PUBLIC_POINTS + 4  # + hidden
     assert subprocess.run(["bash", "-n", "-c", zipfile.ZipFile(bundle).read("setup.sh").decode()]).returncode == 0
 
 
-@pytest.mark.parametrize("case, score", [("untouched", 0), ("solution", 45), ("bare_file", 45)])
+@pytest.mark.parametrize("case, score", [("untouched", 0), ("solution", LAB1_ALL_POINTS), ("bare_file", LAB1_ALL_POINTS)])
 def test_run_autograder_scores_a_submission(bundle, release, tmp_path, case, score):
     """run_autograder writes results.json with the known score: 0 for the untouched release,
-    45/45 (hidden tests included) with the solution — as a repository or as a bare starter.py."""
+    full points (hidden tests included) with the solution — as a repository or as a bare starter.py."""
     if case == "bare_file":
         sub = tmp_path / "upload"
         sub.mkdir()
@@ -156,7 +159,7 @@ def test_run_autograder_scores_a_submission(bundle, release, tmp_path, case, sco
     else:
         sub = _student(release, tmp_path / "repo", SOLUTION.read_text() if case == "solution" else None)
     res = _run_autograder(_autograder(bundle, tmp_path, sub))
-    assert (res["score"], res["max_score"]) == (score, 45)
+    assert (res["score"], res["max_score"]) == (score, LAB1_ALL_POINTS)
     assert "hidden tests failed in lab01_block_manager" in res["output"] or \
         "hidden test failed in lab01_block_manager" in res["output"]
     assert f"labs/{LAB1}/starter.py" in res["output"]
@@ -170,7 +173,7 @@ def test_submitted_test_edits_are_ignored_and_reported(bundle, release, tmp_path
     test.write_text("import pytest\n\n@pytest.mark.points(100)\ndef test_free():\n    pass\n")
     (sub / "labs" / LAB1 / "conftest.py").write_text("def pytest_runtest_makereport(): pass\n")
     res = _run_autograder(_autograder(bundle, tmp_path, sub))
-    assert (res["score"], res["max_score"]) == (0, 45)
+    assert (res["score"], res["max_score"]) == (0, LAB1_ALL_POINTS)
     assert f"labs/{LAB1}/test_lab01_free_queue.py was edited" in res["output"]
     assert f"labs/{LAB1}/conftest.py was added" in res["output"]
 
@@ -206,7 +209,7 @@ def test_an_empty_submission_scores_zero_with_a_reason(bundle, tmp_path):
 def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tmp_path):
     """End to end, like Gradescope: setup.sh makes the virtual environment (torch + the
     workbook's test dependencies, here from pip's configured index), then run_autograder,
-    with that environment, grades the solution 45/45. (~1 minute.)"""
+    with that environment, grades the solution with full points. (~1 minute.)"""
     if shutil.which("python3") is None:
         pytest.skip("python3 is not on PATH")
     root = _autograder(bundle, tmp_path, _student(release, tmp_path / "repo", SOLUTION.read_text()))
@@ -217,4 +220,4 @@ def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "setup ok" in proc.stdout
     res = _run_autograder(root, python=None)  # the venv setup.sh made
-    assert (res["score"], res["max_score"]) == (45, 45)
+    assert (res["score"], res["max_score"]) == (LAB1_PUBLIC_POINTS,) * 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grading_helpers import by_name, grade, pagedlab
+from grading_helpers import by_name, grade, pagedlab, lab_points
 from reference.grader.manifest import MANIFEST_NAME, digest, is_student_file, load_manifest, verify_manifest
 from reference.grader.notebook_strip import has_outputs, strip_outputs
 from reference.grader.parity import check_lab, compare_cuda
@@ -21,6 +21,7 @@ from reference.paths import REPO_ROOT
 SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SKIP_SLOW") == "1",
                           reason="slow end-to-end test (PAGEDLAB_SKIP_SLOW=1)")
 LAB1 = "lab01_block_manager"
+LAB1_PUBLIC_POINTS = lab_points(LAB1)  # as this checkout declares them
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_release_holds_no_instructor_material(release):
     assert "labs/lab01_block_manager/test_lab01_allocator.py" in manifest["files"]
     assert "conftest.py" in manifest["files"] and "reference/grader/grading.py" in manifest["files"]
     assert "labs/lab01_block_manager/starter.py" not in manifest["files"]
-    assert total_points(manifest["tests"][LAB1].values()) == 41
+    assert total_points(manifest["tests"][LAB1].values()) == LAB1_PUBLIC_POINTS
     assert not verify_manifest(release, manifest)
 
 
@@ -59,11 +60,11 @@ def _copy(release: Path, dest: Path, solution: bool = False) -> Path:
 
 
 def test_release_scores_full_points_with_the_solution_copied_in(release, tmp_path):
-    """The same release with Lab 1's solution pasted over its starter scores all 41 points."""
+    """The same release with Lab 1's solution pasted over its starter scores every point."""
     root = _copy(release, tmp_path / "s", solution=True)
     proc, res = grade(root, "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (res["score"], res["max_score"]) == (41, 41)
+    assert (res["score"], res["max_score"]) == (LAB1_PUBLIC_POINTS,) * 2
     assert "hidden" not in res["output"]  # a release has no hidden tests
 
 
@@ -88,13 +89,13 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
     if change == "delete":  # the manifest still expects the deleted file's tests: they fail
         missing = [t for t in res["tests"] if "test_lab01_free_queue" in t["extra_data"]["nodeid"]]
         assert missing and all(t["status"] == "failed" for t in missing)
-        assert res["max_score"] == 41 and res["score"] < 41
+        assert res["max_score"] == LAB1_PUBLIC_POINTS and res["score"] < LAB1_PUBLIC_POINTS
     if change == "edit":
         proc, res = grade(root, "--quiet", "--on-tamper", "zero")
-        assert res["score"] == 0 and res["max_score"] == 41
+        assert res["score"] == 0 and res["max_score"] == LAB1_PUBLIC_POINTS
     proc, res = grade(root, "--quiet", "--on-tamper", "refuse")
     assert proc.returncode == 2 and res["score"] == 0 and "refused" in res["output"]
-    assert res["max_score"] == 41
+    assert res["max_score"] == LAB1_PUBLIC_POINTS
 
 
 def test_a_regenerated_manifest_is_caught_by_the_pinned_digest(release, tmp_path):
@@ -231,7 +232,7 @@ def test_release_readme_speaks_to_students(release):
     for needed in ("pagedlab status", "pagedlab grade", "pagedlab hint", "pytest labs/",
                    "NotImplementedError", "lab01_block_manager"):
         assert needed in text, f"student README lacks {needed!r}"
-    assert "| [1](labs/lab01_block_manager/README.md) |" in text and "| 41 |" in text
+    assert "| [1](labs/lab01_block_manager/README.md) |" in text and f"| {LAB1_PUBLIC_POINTS} |" in text
     assert "$" not in text.replace("$ ", ""), "a template placeholder was left unfilled"
     for instructor_only in ("Gradescope", "hidden test", "pagedlab release", "For instructors",
                             "reference solutions", "solutions/", "mutant"):

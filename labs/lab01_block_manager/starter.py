@@ -21,7 +21,13 @@ import threading  # noqa: F401  (you will want it in lab1.1)
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from reference.checks import check_index, check_int  # noqa: F401  (typed argument checks)
+from reference.checks import (  # noqa: F401  (typed argument checks)
+    check_block_hash,
+    check_index,
+    check_int,
+    check_int_list,
+    check_sequence,
+)
 from reference.errors import BlockNotAllocatedError, DoubleFreeError, OutOfBlocksError  # noqa: F401
 
 
@@ -56,9 +62,17 @@ def hash_block_tokens(parent_block_hash: int | None, token_ids: Sequence[int]) -
 
     Returns:
         A non-negative 64-bit integer, identical across processes and runs.
+
+    Raises:
+        TypeError: ``parent_block_hash`` is neither None nor an int, ``token_ids`` is not a list
+            of ints, or a token is not an int (floats, bools, strings and NumPy floats are
+            refused: ``[1.9, 2]``, ``[True, 2]`` and ``"12"`` must never hash like ``[1, 2]``).
+        ValueError: ``parent_block_hash`` is outside ``[0, 2**64)``.
     """
     # TODO(lab1.5): hash the parent hash and the token ids together with hashlib (Python's
     # hash() of a str changes between processes), and keep 8 bytes of the digest as an int.
+    # Check first: the parent with check_block_hash (None allowed), the tokens with
+    # check_int_list — a float, bool or string token must raise, never hash like an int.
     raise NotImplementedError("TODO(lab1.5): hash_block_tokens — chained, process-independent hash")
 
 
@@ -71,8 +85,13 @@ def hash_prompt_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
 
     Returns:
         One hash per full block; a partial last block gets none (its content can still change).
+
+    Raises:
+        TypeError / ValueError: ``block_size`` is not an int >= 1, or ``token_ids`` is not a
+            list of ints (every token is checked, the partial last block's too).
     """
-    # TODO(lab1.5): walk the full blocks, feeding each block's hash in as the next one's parent.
+    # TODO(lab1.5): check token_ids (check_int_list) and block_size, then walk the full blocks,
+    # feeding each block's hash in as the next one's parent.
     raise NotImplementedError("TODO(lab1.5): hash_prompt_blocks — one chained hash per full block")
 
 
@@ -88,10 +107,17 @@ class FreeBlockQueue:
 
         Args:
             blocks: blocks to enqueue, head first.
+
+        Raises:
+            TypeError: ``blocks`` is not a list of KVCacheBlock.
+            ValueError: a block is listed twice or is already in a queue (nothing is linked).
         """
         # TODO(lab1.2): link the blocks through prev_free/next_free. Two sentinel nodes (a fake
         # head and a fake tail) remove the "first/last node?" special cases. Keep a counter
         # self.num_free_blocks.
+        # Check every block first (a KVCacheBlock, listed once, not queued anywhere): a bad list
+        # must link nothing. Links say *that* a block is queued, not in *which* queue, so keep
+        # a set of this queue's blocks for remove() to consult.
         raise NotImplementedError("TODO(lab1.2): FreeBlockQueue.__init__ — link blocks in order")
 
     def __len__(self) -> int:
@@ -115,9 +141,11 @@ class FreeBlockQueue:
             block: a block currently in the queue.
 
         Raises:
-            ValueError: the block is not in the queue.
+            TypeError: ``block`` is not a KVCacheBlock.
+            ValueError: the block is not in this queue.
         """
-        # TODO(lab1.2): relink its neighbours to each other, clear its links — no scanning.
+        # TODO(lab1.2): refuse a block that is not in *this* queue, then relink its neighbours to
+        # each other and clear its links — no scanning.
         raise NotImplementedError("TODO(lab1.2): FreeBlockQueue.remove — O(1) unlink")
 
     def append(self, block: KVCacheBlock) -> None:
@@ -127,7 +155,8 @@ class FreeBlockQueue:
             block: a block not currently in the queue.
 
         Raises:
-            ValueError: the block is already queued.
+            TypeError: ``block`` is not a KVCacheBlock.
+            ValueError: the block is already queued (here or in another queue).
         """
         raise NotImplementedError("TODO(lab1.2): FreeBlockQueue.append")
 
@@ -240,7 +269,7 @@ class BlockManager:
                 caller holds several references to it.
 
         Raises:
-            TypeError / IndexError: an id is invalid.
+            TypeError / IndexError: ``block_ids`` is not a list, or an id is invalid.
             DoubleFreeError: some block would be freed more times than it is referenced.
         """
         # TODO(lab1.4): validate every id and count repeats first; then free in reverse order.
@@ -270,7 +299,8 @@ class BlockManager:
             already holds that content (the first one stays the entry, this one is not cached).
 
         Raises:
-            TypeError / IndexError: bad ``block_id``; TypeError: ``block_hash`` not an int.
+            TypeError / IndexError: bad ``block_id``; TypeError / ValueError: ``block_hash`` is
+                not an int in ``[0, 2**64)``.
             BlockNotAllocatedError: the block is free.
             ValueError: the block is already cached under a different hash.
         """
@@ -285,6 +315,9 @@ class BlockManager:
 
         Returns:
             The block id (its ref_count went up by one), or None on a miss.
+
+        Raises:
+            TypeError / ValueError: ``block_hash`` is not an int in ``[0, 2**64)``.
         """
         # TODO(lab1.6): a hit on a free block must take it out of the free queue (O(1) remove).
         raise NotImplementedError("TODO(lab1.6): BlockManager.get_cached_block — revive on hit")
@@ -298,5 +331,9 @@ class BlockManager:
         Returns:
             Block ids of the cached prefix; stops at the first miss, since a later block's hash
             includes the missing one.
+
+        Raises:
+            TypeError / ValueError: ``block_hashes`` is not a list of ints in ``[0, 2**64)``;
+                the message names the bad entry (``block_hashes[i]``).
         """
         raise NotImplementedError("TODO(lab1.6): BlockManager.get_computed_blocks — longest prefix")

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from reference.block_allocator import TrustedBlockAllocator
-from reference.checks import check_int
+from reference.checks import check_int, check_sequence
 from reference.errors import (
     DeviceMismatchError,
     DuplicateSequenceError,
@@ -185,8 +185,8 @@ class KVCachePool:
                 ``device`` is unknown, or ``block_manager`` does not fit the pool.
         """
         # TODO(lab2.1): validate every size (check_int, min 1), dtype (_check_dtype) and device
-        # (_check_device); use block_manager or a fresh TrustedBlockAllocator(num_blocks), refusing
-        # (ValueError naming block_manager) one that does not manage exactly num_blocks free blocks.
+        # (_check_device); use block_manager (checked by _check_block_manager: Lab 1's interface,
+        # exactly num_blocks free blocks) or a fresh TrustedBlockAllocator(num_blocks).
         # Then set self.max_blocks_per_seq = ceil(max_model_len / block_size) — not num_blocks —,
         # allocate key_cache/value_cache in the workbook layout, self.device = key_cache.device,
         # block_tables ([max_num_seqs, max_blocks_per_seq] int32, all PAD_BLOCK_ID), context_lens
@@ -239,7 +239,10 @@ class KVCachePool:
         return list(self._seqs)
 
     def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._seqs
+        try:
+            return seq_id in self._seqs
+        except TypeError:  # unhashable: certainly not a live id
+            return False
 
     def get_row(self, seq_id: int) -> int:
         """Returns the ``block_tables`` / ``context_lens`` row of a live sequence.
@@ -365,12 +368,13 @@ class KVCachePool:
             int64 slots on the pool's device.  # [sum(num_new_tokens)]
 
         Raises:
-            TypeError / ValueError: mismatched lengths, repeated ids (the message says
-                ``repeats``), bad counts (naming ``num_new_tokens``), or new tokens
-                that would land in a block another sequence shares (append first: it copies).
+            TypeError / ValueError: not lists, mismatched lengths, repeated ids (the message says
+                ``repeats``), bad counts (naming ``num_new_tokens``), or new tokens that would land
+                in a block another sequence shares (append first: it copies).
             UnknownSequenceError: an id is not live.
         """
-        # TODO(lab2.4): validate on the host (equal lengths, distinct live ids,
+        # TODO(lab2.4): validate on the host (check_sequence for both lists, every id with
+        # _check_seq_id *before* the distinctness test, equal lengths, distinct live ids,
         # 0 <= n <= context_len, _check_private_tail), collecting each sequence's row and first new
         # position. Then build per-token rows and positions with tensor ops (torch.repeat_interleave
         # with output_size, torch.arange) — no loop over tokens — and call compute_slot_mapping.
@@ -378,6 +382,15 @@ class KVCachePool:
 
     def write_kv(self, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Writes new tokens' K/V into their slots (checked, then :func:`reshape_and_cache`).
+
+        Who guards what: :meth:`slot_mapping` guards *ownership* — each slot belongs to the
+        sequence named, was reserved by add/append, and lies in a private block (copy-on-write
+        done). ``write_kv`` guards *memory*, whatever slots it is handed: tensors of the right
+        kind, no K/V that aliases the caches, every slot in range, no slot twice, and every
+        slot's block held by exactly one sequence (ref_count 1) — so no slot mapping, however
+        made, writes into a free (possibly prefix-cached) block or a block shared after a fork.
+        It cannot tell *which* sequence holds a private block: that is slot_mapping's promise.
+        Everything is checked before the first element is written.
 
         Args:
             slot_mapping: from :meth:`slot_mapping`; int32 or int64.  # [num_tokens]
@@ -387,13 +400,16 @@ class KVCachePool:
         Raises:
             TypeError: not a tensor, or the wrong dtype.
             DeviceMismatchError: a tensor is not on the pool's device.
-            ValueError: a wrong shape.
+            ValueError: a wrong shape; ``key``/``value`` sharing memory with the caches; a slot
+                listed twice; a slot in a block that is free or shared (ref_count != 1).
             IndexError: a slot outside ``[0, num_blocks * block_size)`` (e.g. from a PAD entry).
         """
         # TODO(lab2.5): _check_slot_mapping, then key and value: tensor on the pool's device
         # (_check_tensor), the pool's dtype exactly (TypeError, no cast), shape [num_tokens,
         # num_kv_heads, head_size] (ValueError). Refuse (IndexError) any slot outside
-        # [0, num_blocks * block_size) — read min and max back in one go. Then reshape_and_cache.
+        # [0, num_blocks * block_size) — read the slots back once (.tolist()). Check the rest
+        # before writing anything: _check_not_aliased for key and value, _check_slots_private for
+        # the slots (no slot twice; only blocks one sequence holds). Then reshape_and_cache.
         raise NotImplementedError("TODO(lab2.5): write_kv — check, then reshape_and_cache")
 
     def gather_kv(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -485,6 +501,33 @@ class KVCachePool:
                              f"{list(slot_mapping.shape)}")
         return slot_mapping.shape[0]
 
+    def _check_not_aliased(self, name: str, t: torch.Tensor) -> None:
+        """Refuses new K/V that shares memory with a cache: writing one cache would change it."""
+        for cache_name, cache in (("key_cache", self.key_cache), ("value_cache", self.value_cache)):
+            if t.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr():
+                raise ValueError(f"{name} shares memory with the pool's {cache_name}; pass a copy "
+                                 f"(.clone()) — the write would change it half-way")
+
+    def _check_slots_private(self, slots: list[int]) -> None:
+        """Refuses a slot listed twice, and slots in a block that is free or shared.
+
+        Args:
+            slots: in-range slots, on the host.  # [num_tokens]
+        """
+        if len(set(slots)) != len(slots):
+            seen: set[int] = set()
+            dup = next(s for s in slots if s in seen or seen.add(s))
+            raise ValueError(f"slot_mapping lists slot {dup} twice: two tokens would race for "
+                             f"one slot, and which one lands is undefined")
+        for block_id in sorted({s // self.block_size for s in slots}):
+            refs = self.block_manager.get_ref_count(block_id)
+            if refs != 1:
+                state = "free" if refs == 0 else f"shared by {refs} sequences"
+                raise ValueError(
+                    f"slot_mapping has a slot in block {block_id}, which is {state}: write_kv "
+                    f"writes only into blocks one sequence holds (use slot_mapping(), after "
+                    f"add_sequence/append_tokens, which copy a shared block first)")
+
     def _write_row(self, row: int, start: int, block_ids: list[int]) -> None:
         """Writes ``block_ids`` into ``block_tables[row, start:]`` (host to device, no sync)."""
         if block_ids:
@@ -504,9 +547,32 @@ def _check_dtype(dtype: object) -> torch.dtype:
 
 def _check_device(device: object) -> torch.device:
     try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+        device = torch.device(device)
+        torch.empty(0, device=device)  # is it usable here? (cuda without a GPU is not)
+    except (RuntimeError, TypeError, AssertionError) as exc:
+        raise ValueError(f"device={device!r} is not a usable torch device: {exc}") from None
+    return device
+
+
+#: What the pool calls on its block manager (Lab 1's interface).
+_BLOCK_MANAGER_API = ("allocate_n", "free", "free_blocks", "increase_ref_count", "get_ref_count",
+                      "num_free_blocks", "num_blocks")
+
+
+def _check_block_manager(block_manager: object, num_blocks: int) -> None:
+    """Refuses a block manager without Lab 1's interface, or not managing ``num_blocks`` free
+    blocks."""
+    missing = [a for a in _BLOCK_MANAGER_API if not hasattr(block_manager, a)]
+    if missing:
+        raise TypeError(f"block_manager must have Lab 1's interface; "
+                        f"{type(block_manager).__name__} lacks {missing}")
+    if (block_manager.num_blocks != num_blocks
+            or block_manager.num_free_blocks != num_blocks):
+        raise ValueError(
+            f"block_manager must manage exactly num_blocks={num_blocks} blocks, all free; got "
+            f"num_blocks={block_manager.num_blocks}, "
+            f"num_free_blocks={block_manager.num_free_blocks}"
+        )
 
 
 def _check_tensor(name: str, t: object, device: torch.device) -> None:

@@ -214,3 +214,61 @@ def test_slot_mapping_rejects_bad_batches(impl, device):
     _refused(pool, lambda: pool.slot_mapping([2], [1]), ValueError, "shared")
     assert pool.slot_mapping([0], [0]).numel() == 0
     assert np.array_equal(pool.slot_mapping([0], [1]).cpu().numpy(), [4])
+
+
+@pytest.mark.points(2)
+def test_write_kv_guards_memory_whatever_the_slots(impl, device):
+    """write_kv guards memory even for a hand-made slot_mapping: a slot listed twice, a slot in a
+    free block, a slot in a block shared after a fork, and K or V that shares memory with the
+    caches each raise ValueError before anything is written (the cache stays bit-identical);
+    a private block's slots are accepted."""
+    pool = new_pool(impl, device, dtype=torch.float16)  # block_size 4
+    poison(pool)
+    pool.add_sequence(0, 3)  # block 0, private
+    pool.add_sequence(1, 6)  # blocks 1, 2
+    pool.fork(1, 2)  # blocks 1 and 2 now shared
+    k, v = random_kv(0, 3, pool)
+    private = torch.tensor([0, 1, 2], device=pool.device)
+    pool.write_kv(private, k, v)
+    free_block = next(b for b in range(pool.num_blocks)
+                      if pool.block_manager.get_ref_count(b) == 0)
+    bs = pool.block_size
+    cases = {
+        "a slot listed twice": (torch.tensor([0, 1, 1], device=pool.device), k, v, "twice"),
+        "a slot in a free block": (torch.tensor([0, 1, free_block * bs], device=pool.device),
+                                   k, v, "free"),
+        "a slot in a fork-shared block": (torch.tensor([0, 1, 2 * bs + 2], device=pool.device),
+                                          k, v, "shared"),
+        "value aliasing value_cache": (private, k, pool.value_cache[0, :, :3].transpose(0, 1),
+                                       "value"),
+        "key aliasing key_cache": (private, pool.key_cache[0, :, :3].transpose(0, 1), v, "key"),
+    }
+    for what, (slots, key, value, name) in cases.items():
+        before = snapshot(pool)
+        try:
+            pool.write_kv(slots, key, value)
+        except ValueError as exc:
+            assert name in str(exc), f"write_kv with {what}: the ValueError must say {name!r}: {exc}"
+        else:
+            pytest.fail(f"write_kv accepted {what}: check every slot (distinct, in a block with "
+                        f"ref_count 1) and that K/V do not alias the caches, before writing")
+        assert snapshot(pool) == before, (
+            f"write_kv with {what} raised but changed the pool: check everything, then write")
+    check_invariants(pool)
+
+
+@pytest.mark.points(1)
+def test_list_arguments_and_block_managers_are_type_checked(impl, device):
+    """slot_mapping refuses non-lists and non-integer ids with TypeError naming ``seq_ids``,
+    ``seq_ids[i]`` or ``num_new_tokens`` (an unhashable id included), and the pool refuses a
+    block manager without Lab 1's interface with TypeError naming ``block_manager``."""
+    pool = new_pool(impl, device)
+    pool.add_sequence(0, 5)
+    _refused(pool, lambda: pool.slot_mapping(None, [1]), TypeError, "seq_ids")
+    _refused(pool, lambda: pool.slot_mapping("0", [1]), TypeError, "seq_ids")
+    _refused(pool, lambda: pool.slot_mapping([0], None), TypeError, "num_new_tokens")
+    _refused(pool, lambda: pool.slot_mapping([[0]], [1]), TypeError, r"seq_ids\[0\]")
+    _refused(pool, lambda: pool.slot_mapping([0, 1.0], [1, 1]), TypeError, r"seq_ids\[1\]")
+    assert pool.slot_mapping([np.int64(0)], [np.int32(2)]).tolist() == [3, 4]
+    with pytest.raises(TypeError, match="block_manager"):
+        new_pool(impl, device, num_blocks=6, block_manager=object())

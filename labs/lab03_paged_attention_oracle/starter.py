@@ -23,6 +23,17 @@ Semantics shared with ``reference/oracle.py`` (Labs 4–5 implement the same):
   * Zero length: a query that sees no key has output exactly 0 and lse -inf. That is the *empty
     state* ``(m, l, acc) = (-inf, 0, 0)``, the identity of the split-K merge.
 
+NaN/inf contract (Labs 4–5 keep the same one): arguments are checked — shapes, dtypes, ids,
+lengths, and a ``scale`` and ALiBi slopes that must be finite — but the *data* (query, keys,
+values) is not scanned: that would cost a pass over the whole cache, which also holds garbage
+(NaN in our tests) where no token lives. Non-finite data propagates instead: a NaN or ±inf in
+a query, or in a key or value row that query reads, makes that query's ``out`` and ``lse``
+non-finite (NaN or ±inf) — never a finite wrong number. (A score of -inf computed from data is
+turned into NaN, so an infinite key is never mistaken for a masked one.) Rows a query does not
+read — past ``context_len``, in unused blocks, behind PAD entries, or causally masked — never
+affect it. From finite data and a finite scale the results are finite (lse is -inf only for a
+query that sees no key).
+
 Your tasks are marked ``TODO(lab3.k)``; ``LAB_IMPL=starter pagedlab grade 3`` lists the ones left.
 The argument checks in ``_checks.py`` are given: call them first, so bad input is refused with a
 typed error before anything is computed.
@@ -34,13 +45,22 @@ import numpy as np
 
 from labs.lab03_paged_attention_oracle._checks import (  # noqa: F401  (you will want all of them)
     check_alibi_slopes,
+    check_block_scores,
     check_block_tables,
     check_cu_seqlens,
+    check_dense_inputs,
     check_float_array,
+    check_float_dtype,
     check_head_size,
     check_heads,
+    check_int,
     check_kv_cache,
+    check_lead_shape,
+    check_out_lse,
+    check_partitions,
     check_scale,
+    check_state,
+    check_values_array,
 )
 from reference.layout import num_blocks_for  # noqa: F401  (ceil(num_tokens / block_size))
 
@@ -67,14 +87,18 @@ def dense_attention(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=
         A query that sees no key gets out 0 and lse -inf.
 
     Raises:
-        ValueError: ``num_q_heads`` is not a multiple of ``num_kv_heads``, or q_len > kv_len
-            with ``causal`` (a query would have no position in the sequence).
+        TypeError: ``q``, ``k``, ``v`` are not float arrays, ``causal`` is not a bool, or
+            ``scale`` / ``alibi_slopes`` are not floats.
+        ValueError: bad shapes; ``num_q_heads`` is not a multiple of ``num_kv_heads``; q_len >
+            kv_len with ``causal`` (a query would have no position in the sequence); a scale
+            that is not finite and > 0 or a slope that is not finite.
     """
-    # TODO(lab3.1): the slow truth. Cast to float64; check the heads with check_heads (it raises
-    # the ValueError for you). Repeat each KV head group times along the head axis (np.repeat,
+    # TODO(lab3.1): the slow truth. Check first: check_dense_inputs (it also casts to float64),
+    # check_heads (it raises the ValueError for you), check_scale, check_alibi_slopes. Repeat each KV head group times along the head axis (np.repeat,
     # not np.tile: query head h must read KV head h // group). Form every score with einsum,
-    # add the ALiBi bias, set masked scores to -inf, subtract the row max, exponentiate,
-    # normalise. A row that sees no key (all -inf) must give out 0 and lse -inf, not NaN.
+    # pass them through _data_neg_inf_to_nan (the NaN/inf contract), add the ALiBi bias, set
+    # masked scores to -inf, subtract the row max, exponentiate, normalise. A row that sees no
+    # key (all -inf) must give out 0 and lse -inf, not NaN.
     raise NotImplementedError(
         "TODO(lab3.1): dense_attention — float64 softmax(q·k·scale + bias) @ v, causal with "
         "history, GQA"
@@ -96,6 +120,7 @@ def kv_head_indices(num_q_heads: int, num_kv_heads: int) -> np.ndarray:
         query heads share a KV head, as in vLLM's ``kv_head_idx = head_idx / num_queries_per_kv``.
 
     Raises:
+        TypeError: a count is not an int.
         ValueError: ``num_q_heads`` is not a positive multiple of ``num_kv_heads``.
     """
     # TODO(lab3.2): validate with check_heads, then map each query head to its KV head.
@@ -118,9 +143,25 @@ def empty_state(lead_shape, head_size: int, dtype=np.float64):
 
     Returns:
         (m, l, acc): [*lead_shape], [*lead_shape], [*lead_shape, head_size].
+
+    Raises:
+        TypeError / ValueError: ``lead_shape`` is not a list of ints >= 0, ``head_size`` is not
+            an int >= 1, or ``dtype`` is not a float dtype.
     """
+    lead_shape = check_lead_shape(lead_shape)
+    head_size = check_int("head_size", head_size, min_value=1)
+    dtype = check_float_dtype(dtype)
     # TODO(lab3.2): m = -inf, l = 0, acc = 0 in the given dtype.
     raise NotImplementedError("TODO(lab3.2): empty_state — (m, l, acc) = (-inf, 0, 0)")
+
+
+def _data_neg_inf_to_nan(scores):
+    """Returns ``scores`` with every -inf made NaN, *before* any mask is applied.
+
+    NOTE: -inf means "masked key" to the recurrence. A -inf computed from data (an infinite key)
+    would be silently dropped like a masked key; as NaN it propagates, as the contract says.
+    """
+    return np.where(np.isneginf(scores), np.nan, scores)
 
 
 def online_softmax_update(m, l, acc, scores, values):
@@ -136,8 +177,14 @@ def online_softmax_update(m, l, acc, scores, values):
 
     Returns:
         (m, l, acc) after the block, same shapes. A block whose scores are all -inf leaves the
-        state unchanged; nothing here is ever NaN for finite inputs.
+        state unchanged; nothing here is ever NaN for finite inputs, and a NaN or +inf score
+        or a non-finite value propagates into the state (the module's NaN/inf contract).
+
+    Raises:
+        TypeError / ValueError: not float arrays, or shapes that do not fit the state.
     """
+    check_state(m, l, acc)
+    check_block_scores(m, acc, scores, values)
     # TODO(lab3.2): the recurrence. m_new = max(m, block max); correction = exp(m - m_new);
     # p = exp(scores - m_new); l = l * correction + sum(p); acc = acc * correction + p @ values.
     # Guard the empty case: while m_new is still -inf, m - m_new is -inf - -inf = NaN. Subtract
@@ -159,7 +206,11 @@ def finalize_state(m, l, acc):
     Returns:
         (out, lse): out [..., head_size] = acc / l, lse [...] = m + log(l). Where ``l == 0``
         (no key seen) out is exactly 0 and lse is -inf — the zero-length contract.
+
+    Raises:
+        TypeError / ValueError: not a state (see :func:`check_state`).
     """
+    check_state(m, l, acc)
     # TODO(lab3.2): out = acc / l, lse = m + log(l); where l == 0 return out 0 and lse -inf
     # without ever dividing by zero.
     raise NotImplementedError(
@@ -194,15 +245,17 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
         An empty range gives the empty state.
 
     Raises:
-        TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks).
+        TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks);
+            the range and ``context_len`` must be ints (no silent rounding of 2.7 to 2).
     """
     # TODO(lab3.2): validate (check_kv_cache, check_float_array, check_head_size,
-    # kv_head_indices, check_block_tables on the one row, the range, check_alibi_slopes,
-    # check_scale). Then walk the logical blocks that overlap [start_token_idx, end_token_idx):
+    # kv_head_indices, check_float_dtype for compute_dtype, check_int for context_len and the
+    # range — never round 2.7 to 2 —, check_block_tables on the one row, check_alibi_slopes and
+    # check_scale *in compute_dtype*: 1e39 is a fine float64 but inf in float32). Then walk the logical blocks that overlap [start_token_idx, end_token_idx):
     # block_id = block_table[logical_block_idx]; read ONLY the rows that hold tokens of the
     # range (the last block is usually partial, and the rest of it is NaN here); gather each
     # query head's KV head; scores = q·k * scale (+ ALiBi with query_pos = context_len - 1);
-    # online_softmax_update. Work in compute_dtype throughout.
+    # _data_neg_inf_to_nan; online_softmax_update. Work in compute_dtype throughout.
     raise NotImplementedError(
         "TODO(lab3.2): "
         "partition_attention — stream logical blocks through the block table"
@@ -274,7 +327,8 @@ def paged_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, con
     # cu_seqlens_q[s]:cu_seqlens_q[s+1]; history_len = context_len - q_len; query i may see keys
     # 0 .. history_len + i (inclusive). Stream the sequence's blocks as in decode, but with a
     # state per (head, query): scores [num_q_heads, q_len, n], masked to -inf where a key is in
-    # a query's future, ALiBi with query_pos = history_len + i. Skip sequences with no queries.
+    # a query's future (after _data_neg_inf_to_nan, so only the mask makes -inf), ALiBi with
+    # query_pos = history_len + i. Skip sequences with no queries.
     raise NotImplementedError(
         "TODO(lab3.3): "
         "paged_prefill — varlen, causal with history, GQA, ALiBi"
@@ -298,7 +352,11 @@ def merge_partitions(m, l, acc):
 
     Returns:
         (m, l, acc): [...], [...], [..., head_size] — the merged state.
+
+    Raises:
+        TypeError / ValueError: not states with a leading axis of at least one partition.
     """
+    check_partitions(m, l, acc)
     # TODO(lab3.4): global max M over the partition axis; weights exp(m_i - M) (guard M = -inf
     # as in the recurrence: all partitions empty must give the empty state, not NaN); weighted
     # sums of l and acc.
@@ -323,7 +381,11 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
 
     Returns:
         (out, lse) over A ∪ B, float64. Two empty inputs give out 0 and lse -inf.
+
+    Raises:
+        TypeError / ValueError: not float arrays, or shapes that do not match.
     """
+    out_a, lse_a, out_b, lse_b = check_out_lse(out_a, lse_a, out_b, lse_b)
     # TODO(lab3.4): (out, lse) is the state (m, l, acc) = (lse, 1, out) — with l = 0 where lse
     # is -inf. Merge with merge_partitions, then finalize_state.
     raise NotImplementedError("TODO(lab3.4): merge_attn_states — merge two (out, lse) results")
@@ -354,10 +416,11 @@ def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_le
         equal to :func:`paged_decode`'s up to float64 rounding.
 
     Raises:
-        TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size.
+        TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size
+            (a float or bool included: it must be an int that is a positive multiple).
     """
-    # TODO(lab3.4): validate (partition_size a positive multiple of block_size, else ValueError
-    # naming partition_size). Allocate max_num_partitions empty states per sequence (at least
+    # TODO(lab3.4): validate (partition_size an int that is a positive multiple of block_size,
+    # else ValueError naming partition_size — a float or bool too). Allocate max_num_partitions empty states per sequence (at least
     # one), fill partition p of sequence s with partition_attention over
     # [p * partition_size, min((p + 1) * partition_size, context_len)), merge, finalize.
     raise NotImplementedError(
@@ -382,8 +445,15 @@ def round_to(x, dtype: str):
 
     Returns:
         float32 array of the same shape.
+
+    Raises:
+        ValueError: ``dtype`` is not one of the two.
+        TypeError: ``x`` is not an array of real numbers.
     """
-    x32 = np.asarray(x, dtype=np.float32)
+    if dtype not in LOW_PRECISION_DTYPES:
+        raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
+    with np.errstate(over="ignore"):  # beyond float32's range is inf, as a cast on a GPU
+        x32 = check_values_array("x", x).astype(np.float32)
     if dtype == "float16":
         return x32.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":
@@ -391,7 +461,6 @@ def round_to(x, dtype: str):
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # keep the top 16 bits, RNE
         out = rounded.astype(np.uint32).view(np.float32)
         return np.where(np.isnan(x32), np.float32(np.nan), out)
-    raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
 
 
 def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens, scale: float,
@@ -417,9 +486,11 @@ def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens,
         lse [num_seqs, num_q_heads] float32.
 
     Raises:
-        ValueError: unknown dtype; otherwise as :func:`paged_decode`.
+        ValueError: unknown dtype, a ``scale`` or slope that is not finite (and > 0) in
+            float32 — the kernels multiply in float32; otherwise as :func:`paged_decode`.
     """
     # TODO(lab3.5): round query and caches with round_to (what the kernel loads), run the same
     # paged decode in float32 (what it keeps in registers), round the output with round_to
-    # (what it stores); lse as float32. Refuse an unknown dtype with ValueError.
+    # (what it stores); lse as float32. Refuse an unknown dtype with ValueError, and check every
+    # argument — scale and slopes finite *as float32* — before rounding the whole cache.
     raise NotImplementedError("TODO(lab3.5): paged_decode_lowp — fp16/bf16 data, fp32 arithmetic")

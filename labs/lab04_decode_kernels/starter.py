@@ -134,7 +134,7 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
     #     (check_array), shapes that agree, supported head and block sizes
     #     (UnsupportedConfigError), an ``out`` like query, q / caches / out starting on a
     #     16-byte boundary (the kernels load 16 bytes at a time), a finite scale > 0 (default
-    #     1/sqrt(head_size); check_scale), max_context_len an int >= 0 (check_int);
+    #     1/sqrt(head_size); check_scale(..., dtype=np.float32): the kernels take float32), max_context_len an int >= 0 (check_int);
     #  2. values, only for CPU tensors or when debug_enabled(debug): _check_values(...);
     #  3. the device, last and only if check_device: check_on_cuda(...).
     # Return (DecodeShape(...), (q, k, v, bt, cl, o)).

@@ -106,7 +106,7 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     #     or CuPy array (check_array does kind, rank, dtype, contiguity);
     #   * head sizes agree; num_q_heads % num_kv_heads == 0; at least one block and one column;
     #   * head_size, block_size and dtype supported (UnsupportedConfigError);
-    #   * scale a finite float > 0 (check_scale); alibi_slopes None or [Hq] float32; out None
+    #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32)); alibi_slopes None or [Hq] float32; out None
     #     or like query;
     #   * query, caches and out start on a 16-byte boundary (data_ptr).
     # Read no values and do not look at the device: that comes later, so all of this is

@@ -19,7 +19,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from reference.checks import check_index, check_int
+from reference.checks import (
+    check_block_hash,
+    check_index,
+    check_int,
+    check_int_list,
+    check_sequence,
+)
 from reference.errors import BlockNotAllocatedError, DoubleFreeError, OutOfBlocksError
 
 
@@ -54,8 +60,17 @@ def hash_block_tokens(parent_block_hash: int | None, token_ids: Sequence[int]) -
 
     Returns:
         A non-negative 64-bit integer, identical across processes and runs.
+
+    Raises:
+        TypeError: ``parent_block_hash`` is neither None nor an int, ``token_ids`` is not a list
+            of ints, or a token is not an int (floats, bools, strings and NumPy floats are
+            refused: ``[1.9, 2]``, ``[True, 2]`` and ``"12"`` must never hash like ``[1, 2]``).
+        ValueError: ``parent_block_hash`` is outside ``[0, 2**64)``.
     """
-    payload = f"{parent_block_hash}|{','.join(str(int(t)) for t in token_ids)}".encode()
+    parent = None if parent_block_hash is None else check_block_hash("parent_block_hash",
+                                                                      parent_block_hash)
+    tokens = check_int_list("token_ids", token_ids)  # NumPy/torch ints become Python ints here
+    payload = f"{parent}|{','.join(map(str, tokens))}".encode()
     return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little")
 
 
@@ -68,12 +83,17 @@ def hash_prompt_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
 
     Returns:
         One hash per full block; a partial last block gets none (its content can still change).
+
+    Raises:
+        TypeError / ValueError: ``block_size`` is not an int >= 1, or ``token_ids`` is not a
+            list of ints (every token is checked, the partial last block's too).
     """
+    tokens = check_int_list("token_ids", token_ids)
     block_size = check_int("block_size", block_size, min_value=1)
     hashes: list[int] = []
     parent = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, tokens[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -90,13 +110,29 @@ class FreeBlockQueue:
 
         Args:
             blocks: blocks to enqueue, head first.
+
+        Raises:
+            TypeError: ``blocks`` is not a list of KVCacheBlock.
+            ValueError: a block is listed twice or is already in a queue (nothing is linked).
         """
+        blocks = check_sequence("blocks", blocks)
+        seen: set[int] = set()
+        for i, block in enumerate(blocks):
+            _check_block(f"blocks[{i}]", block)
+            if id(block) in seen or block.prev_free is not None or block.next_free is not None:
+                raise ValueError(f"blocks[{i}] (block {block.block_id}) is listed twice or "
+                                 f"already queued")
+            seen.add(id(block))
         # Sentinels remove every "is this the first/last node?" branch from the hot paths.
         self._head = KVCacheBlock(block_id=-1)
         self._tail = KVCacheBlock(block_id=-1)
         self._head.next_free = self._tail
         self._tail.prev_free = self._head
         self.num_free_blocks = 0
+        # NOTE: a block's links say *that* it is queued, not *where*: removing another queue's
+        # block would relink that queue's nodes and miscount both. This set answers "is it in
+        # this queue?" in O(1) (blocks hash by identity: the dataclass has eq=False).
+        self._members: set[KVCacheBlock] = set()
         for block in blocks:
             self.append(block)
 
@@ -125,10 +161,13 @@ class FreeBlockQueue:
             block: a block currently in the queue.
 
         Raises:
-            ValueError: the block is not in the queue.
+            TypeError: ``block`` is not a KVCacheBlock.
+            ValueError: the block is not in this queue.
         """
-        if block.prev_free is None or block.next_free is None:
+        _check_block("block", block)
+        if block not in self._members:
             raise ValueError(f"block {block.block_id} is not in the free queue")
+        self._members.remove(block)
         block.prev_free.next_free = block.next_free
         block.next_free.prev_free = block.prev_free
         block.prev_free = block.next_free = None
@@ -141,10 +180,13 @@ class FreeBlockQueue:
             block: a block not currently in the queue.
 
         Raises:
-            ValueError: the block is already queued.
+            TypeError: ``block`` is not a KVCacheBlock.
+            ValueError: the block is already queued (here or in another queue).
         """
+        _check_block("block", block)
         if block.prev_free is not None or block.next_free is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
+        self._members.add(block)
         last = self._tail.prev_free
         last.next_free = block
         block.prev_free = last
@@ -298,11 +340,12 @@ class BlockManager:
                 caller holds several references to it.
 
         Raises:
-            TypeError / IndexError: an id is invalid.
+            TypeError / IndexError: ``block_ids`` is not a list, or an id is invalid.
             DoubleFreeError: some block would be freed more times than it is referenced.
         """
+        block_ids = check_sequence("block_ids", block_ids)
         with self._lock:
-            blocks = [self._block(b) for b in block_ids]
+            blocks = [self._block(b, f"block_ids[{i}]") for i, b in enumerate(block_ids)]
             drops: dict[int, int] = {}
             for block in blocks:
                 drops[block.block_id] = drops.get(block.block_id, 0) + 1
@@ -352,11 +395,12 @@ class BlockManager:
             already holds that content (the first one stays the entry, this one is not cached).
 
         Raises:
-            TypeError / IndexError: bad ``block_id``; TypeError: ``block_hash`` not an int.
+            TypeError / IndexError: bad ``block_id``; TypeError / ValueError: ``block_hash`` is
+                not an int in ``[0, 2**64)``.
             BlockNotAllocatedError: the block is free.
             ValueError: the block is already cached under a different hash.
         """
-        block_hash = check_int("block_hash", block_hash)
+        block_hash = check_block_hash("block_hash", block_hash)
         with self._lock:
             block = self._block(block_id)
             if block.ref_count == 0:
@@ -382,8 +426,11 @@ class BlockManager:
 
         Returns:
             The block id (its ref_count went up by one), or None on a miss.
+
+        Raises:
+            TypeError / ValueError: ``block_hash`` is not an int in ``[0, 2**64)``.
         """
-        block_hash = check_int("block_hash", block_hash)
+        block_hash = check_block_hash("block_hash", block_hash)
         with self._lock:
             return self._touch(block_hash)
 
@@ -396,8 +443,13 @@ class BlockManager:
         Returns:
             Block ids of the cached prefix; stops at the first miss, since a later block's hash
             includes the missing one.
+
+        Raises:
+            TypeError / ValueError: ``block_hashes`` is not a list of ints in ``[0, 2**64)``;
+                the message names the bad entry (``block_hashes[i]``).
         """
-        hashes = [check_int("block_hashes[i]", h) for h in block_hashes]
+        hashes = [check_block_hash(f"block_hashes[{i}]", h)
+                  for i, h in enumerate(check_sequence("block_hashes", block_hashes))]
         with self._lock:
             hits = []
             for h in hashes:
@@ -419,5 +471,10 @@ class BlockManager:
 
     # ------------------------------------------------------------ helpers
 
-    def _block(self, block_id: int) -> KVCacheBlock:
-        return self.blocks[check_index("block_id", block_id, self.num_blocks)]
+    def _block(self, block_id: object, name: str = "block_id") -> KVCacheBlock:
+        return self.blocks[check_index(name, block_id, self.num_blocks)]
+
+
+def _check_block(name: str, block: object) -> None:
+    if not isinstance(block, KVCacheBlock):
+        raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__}")

@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from reference.block_allocator import TrustedBlockAllocator
-from reference.checks import check_int
+from reference.checks import check_int, check_sequence
 from reference.errors import (
     DeviceMismatchError,
     DuplicateSequenceError,
@@ -201,31 +201,34 @@ class KVCachePool:
         self.max_model_len = check_int("max_model_len", max_model_len, min_value=1)
         self.dtype = _check_dtype(dtype)
         device = _check_device(device)
-        if block_manager is None:
-            block_manager = TrustedBlockAllocator(self.num_blocks)
-        elif (getattr(block_manager, "num_blocks", None) != self.num_blocks
-              or block_manager.num_free_blocks != self.num_blocks):
-            raise ValueError(
-                f"block_manager must manage exactly num_blocks={self.num_blocks} blocks, all "
-                f"free; got num_blocks={getattr(block_manager, 'num_blocks', None)}, "
-                f"num_free_blocks={block_manager.num_free_blocks}"
-            )
-        self.block_manager = block_manager
+        if block_manager is not None:
+            _check_block_manager(block_manager, self.num_blocks)
         # The seed used num_blocks here: a table as wide as the whole pool, for every row.
         # The width a sequence can ever need is set by the longest sequence allowed.
         self.max_blocks_per_seq = num_blocks_for(self.max_model_len, self.block_size)
 
         shape = (self.num_blocks, self.num_kv_heads, self.block_size, self.head_size)
-        # NOTE: empty, not zeros: like a real engine, never pay to clear memory that every
-        # reader reaches only through a block table and context_lens.
-        self.key_cache = torch.empty(shape, dtype=self.dtype, device=device)
-        self.value_cache = torch.empty(shape, dtype=self.dtype, device=device)
+        try:
+            # NOTE: empty, not zeros: like a real engine, never pay to clear memory that every
+            # reader reaches only through a block table and context_lens.
+            self.key_cache = torch.empty(shape, dtype=self.dtype, device=device)
+            self.value_cache = torch.empty(shape, dtype=self.dtype, device=device)
+            # PAD (-1), never 0: 0 is a real block, so a kernel reading a padded entry would
+            # silently attend to another sequence's tokens.
+            self.block_tables = torch.full((self.max_num_seqs, self.max_blocks_per_seq),
+                                           PAD_BLOCK_ID, dtype=torch.int32, device=device)
+            self.context_lens = torch.zeros(self.max_num_seqs, dtype=torch.int32, device=device)
+        except (RuntimeError, TypeError) as exc:  # torch: out of memory; a size past int64
+            raise ValueError(
+                f"a pool of num_blocks={self.num_blocks} × block_size={self.block_size} × "
+                f"num_kv_heads={self.num_kv_heads} × head_size={self.head_size} with a "
+                f"max_num_seqs={self.max_num_seqs} × {self.max_blocks_per_seq} block table "
+                f"(max_model_len={self.max_model_len}) cannot be allocated on {device}: {exc}"
+            ) from None
         self.device = self.key_cache.device  # concrete: "cuda" becomes "cuda:0"
-        # PAD (-1), never 0: 0 is a real block, so a kernel reading a padded entry would
-        # silently attend to another sequence's tokens.
-        self.block_tables = torch.full((self.max_num_seqs, self.max_blocks_per_seq), PAD_BLOCK_ID,
-                                       dtype=torch.int32, device=self.device)
-        self.context_lens = torch.zeros(self.max_num_seqs, dtype=torch.int32, device=self.device)
+        # Built after the tensors: a pool too large for memory fails above, cheaply.
+        self.block_manager = (TrustedBlockAllocator(self.num_blocks) if block_manager is None
+                              else block_manager)
         self._seqs: dict[int, _Sequence] = {}
         self._free_rows = list(range(self.max_num_seqs))  # a heap: the lowest free row first
 
@@ -275,7 +278,10 @@ class KVCachePool:
         return list(self._seqs)
 
     def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._seqs
+        try:
+            return seq_id in self._seqs
+        except TypeError:  # unhashable: certainly not a live id
+            return False
 
     def get_row(self, seq_id: int) -> int:
         """Returns the ``block_tables`` / ``context_lens`` row of a live sequence.
@@ -434,12 +440,14 @@ class KVCachePool:
             int64 slots on the pool's device.  # [sum(num_new_tokens)]
 
         Raises:
-            TypeError / ValueError: mismatched lengths, repeated ids (the message says
-                ``repeats``), bad counts (naming ``num_new_tokens``), or new tokens
-                that would land in a block another sequence shares (append first: it copies).
+            TypeError / ValueError: not lists, mismatched lengths, repeated ids (the message says
+                ``repeats``), bad counts (naming ``num_new_tokens``), or new tokens that would land
+                in a block another sequence shares (append first: it copies).
             UnknownSequenceError: an id is not live.
         """
-        seq_ids, counts = list(seq_ids), list(num_new_tokens)
+        seq_ids = [_check_seq_id(f"seq_ids[{i}]", s)
+                   for i, s in enumerate(check_sequence("seq_ids", seq_ids))]
+        counts = check_sequence("num_new_tokens", num_new_tokens)
         if len(seq_ids) != len(counts):
             raise ValueError(f"seq_ids has {len(seq_ids)} entries but num_new_tokens has "
                              f"{len(counts)}")
@@ -448,7 +456,7 @@ class KVCachePool:
         rows, shifts, total = [], [], 0
         for i, (seq_id, n) in enumerate(zip(seq_ids, counts)):
             seq = self._get(seq_id)
-            n = check_int(f"num_new_tokens[{i}]", n, min_value=0)
+            n = counts[i] = check_int(f"num_new_tokens[{i}]", n, min_value=0)
             if n > seq.num_tokens:
                 raise ValueError(f"num_new_tokens[{i}]={n} but seq_id={seq_id} holds only "
                                  f"{seq.num_tokens} tokens")
@@ -472,6 +480,15 @@ class KVCachePool:
     def write_kv(self, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Writes new tokens' K/V into their slots (checked, then :func:`reshape_and_cache`).
 
+        Who guards what: :meth:`slot_mapping` guards *ownership* — each slot belongs to the
+        sequence named, was reserved by add/append, and lies in a private block (copy-on-write
+        done). ``write_kv`` guards *memory*, whatever slots it is handed: tensors of the right
+        kind, no K/V that aliases the caches, every slot in range, no slot twice, and every
+        slot's block held by exactly one sequence (ref_count 1) — so no slot mapping, however
+        made, writes into a free (possibly prefix-cached) block or a block shared after a fork.
+        It cannot tell *which* sequence holds a private block: that is slot_mapping's promise.
+        Everything is checked before the first element is written.
+
         Args:
             slot_mapping: from :meth:`slot_mapping`; int32 or int64.  # [num_tokens]
             key: in the pool's dtype and device.  # [num_tokens, num_kv_heads, head_size]
@@ -480,7 +497,8 @@ class KVCachePool:
         Raises:
             TypeError: not a tensor, or the wrong dtype.
             DeviceMismatchError: a tensor is not on the pool's device.
-            ValueError: a wrong shape.
+            ValueError: a wrong shape; ``key``/``value`` sharing memory with the caches; a slot
+                listed twice; a slot in a block that is free or shared (ref_count != 1).
             IndexError: a slot outside ``[0, num_blocks * block_size)`` (e.g. from a PAD entry).
         """
         num_tokens = self._check_slot_mapping(slot_mapping)
@@ -493,17 +511,19 @@ class KVCachePool:
             if tuple(t.shape) != want:
                 raise ValueError(f"{name} must have shape [num_tokens, num_kv_heads, head_size] = "
                                  f"{list(want)}, got {list(t.shape)}")
-        if num_tokens:
-            # NOTE: one device-to-host read (a sync on CUDA). An engine trusts its own slot
-            # mapping and skips this; a workbook refuses a slot that would wrap around, since a
-            # negative index silently writes into the *last* blocks of the pool.
-            lo, hi = torch.stack(torch.aminmax(slot_mapping)).tolist()
-            num_slots = self.num_blocks * self.block_size
-            if lo < 0 or hi >= num_slots:
-                bad = lo if lo < 0 else hi
-                raise IndexError(f"slot_mapping holds slot {bad}, outside [0, {num_slots}) "
-                                 f"(num_blocks × block_size); a negative slot comes from a "
-                                 f"PAD_BLOCK_ID entry of the block table")
+            self._check_not_aliased(name, t)
+        # NOTE: one device-to-host copy of the slots (a sync on CUDA). An engine trusts its own
+        # slot mapping and skips this; a workbook refuses a slot that would wrap around (a
+        # negative index silently writes into the *last* blocks of the pool) or land in a
+        # block this write does not own.
+        slots = slot_mapping.tolist()
+        num_slots = self.num_blocks * self.block_size
+        bad = next((s for s in slots if not 0 <= s < num_slots), None)
+        if bad is not None:
+            raise IndexError(f"slot_mapping holds slot {bad}, outside [0, {num_slots}) "
+                             f"(num_blocks × block_size); a negative slot comes from a "
+                             f"PAD_BLOCK_ID entry of the block table")
+        self._check_slots_private(slots)
         slot_mapping = slot_mapping.to(torch.int64)
         reshape_and_cache(key, value, self.key_cache, self.value_cache, slot_mapping)
 
@@ -606,6 +626,33 @@ class KVCachePool:
                              f"{list(slot_mapping.shape)}")
         return slot_mapping.shape[0]
 
+    def _check_not_aliased(self, name: str, t: torch.Tensor) -> None:
+        """Refuses new K/V that shares memory with a cache: writing one cache would change it."""
+        for cache_name, cache in (("key_cache", self.key_cache), ("value_cache", self.value_cache)):
+            if t.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr():
+                raise ValueError(f"{name} shares memory with the pool's {cache_name}; pass a copy "
+                                 f"(.clone()) — the write would change it half-way")
+
+    def _check_slots_private(self, slots: list[int]) -> None:
+        """Refuses a slot listed twice, and slots in a block that is free or shared.
+
+        Args:
+            slots: in-range slots, on the host.  # [num_tokens]
+        """
+        if len(set(slots)) != len(slots):
+            seen: set[int] = set()
+            dup = next(s for s in slots if s in seen or seen.add(s))
+            raise ValueError(f"slot_mapping lists slot {dup} twice: two tokens would race for "
+                             f"one slot, and which one lands is undefined")
+        for block_id in sorted({s // self.block_size for s in slots}):
+            refs = self.block_manager.get_ref_count(block_id)
+            if refs != 1:
+                state = "free" if refs == 0 else f"shared by {refs} sequences"
+                raise ValueError(
+                    f"slot_mapping has a slot in block {block_id}, which is {state}: write_kv "
+                    f"writes only into blocks one sequence holds (use slot_mapping(), after "
+                    f"add_sequence/append_tokens, which copy a shared block first)")
+
     def _write_row(self, row: int, start: int, block_ids: list[int]) -> None:
         """Writes ``block_ids`` into ``block_tables[row, start:]`` (host to device, no sync)."""
         if block_ids:
@@ -625,9 +672,32 @@ def _check_dtype(dtype: object) -> torch.dtype:
 
 def _check_device(device: object) -> torch.device:
     try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+        device = torch.device(device)
+        torch.empty(0, device=device)  # is it usable here? (cuda without a GPU is not)
+    except (RuntimeError, TypeError, AssertionError) as exc:
+        raise ValueError(f"device={device!r} is not a usable torch device: {exc}") from None
+    return device
+
+
+#: What the pool calls on its block manager (Lab 1's interface).
+_BLOCK_MANAGER_API = ("allocate_n", "free", "free_blocks", "increase_ref_count", "get_ref_count",
+                      "num_free_blocks", "num_blocks")
+
+
+def _check_block_manager(block_manager: object, num_blocks: int) -> None:
+    """Refuses a block manager without Lab 1's interface, or not managing ``num_blocks`` free
+    blocks."""
+    missing = [a for a in _BLOCK_MANAGER_API if not hasattr(block_manager, a)]
+    if missing:
+        raise TypeError(f"block_manager must have Lab 1's interface; "
+                        f"{type(block_manager).__name__} lacks {missing}")
+    if (block_manager.num_blocks != num_blocks
+            or block_manager.num_free_blocks != num_blocks):
+        raise ValueError(
+            f"block_manager must manage exactly num_blocks={num_blocks} blocks, all free; got "
+            f"num_blocks={block_manager.num_blocks}, "
+            f"num_free_blocks={block_manager.num_free_blocks}"
+        )
 
 
 def _check_tensor(name: str, t: object, device: torch.device) -> None:

@@ -22,6 +22,17 @@ Semantics shared with ``reference/oracle.py`` (Labs 4–5 implement the same):
   * ALiBi: ``score += slope[h] * (key_pos - query_pos)``, never positive under causal masking.
   * Zero length: a query that sees no key has output exactly 0 and lse -inf. That is the *empty
     state* ``(m, l, acc) = (-inf, 0, 0)``, the identity of the split-K merge.
+
+NaN/inf contract (Labs 4–5 keep the same one): arguments are checked — shapes, dtypes, ids,
+lengths, and a ``scale`` and ALiBi slopes that must be finite — but the *data* (query, keys,
+values) is not scanned: that would cost a pass over the whole cache, which also holds garbage
+(NaN in our tests) where no token lives. Non-finite data propagates instead: a NaN or ±inf in
+a query, or in a key or value row that query reads, makes that query's ``out`` and ``lse``
+non-finite (NaN or ±inf) — never a finite wrong number. (A score of -inf computed from data is
+turned into NaN, so an infinite key is never mistaken for a masked one.) Rows a query does not
+read — past ``context_len``, in unused blocks, behind PAD entries, or causally masked — never
+affect it. From finite data and a finite scale the results are finite (lse is -inf only for a
+query that sees no key).
 """
 
 from __future__ import annotations
@@ -30,13 +41,22 @@ import numpy as np
 
 from labs.lab03_paged_attention_oracle._checks import (
     check_alibi_slopes,
+    check_block_scores,
     check_block_tables,
     check_cu_seqlens,
+    check_dense_inputs,
     check_float_array,
+    check_float_dtype,
     check_head_size,
     check_heads,
+    check_int,
     check_kv_cache,
+    check_lead_shape,
+    check_out_lse,
+    check_partitions,
     check_scale,
+    check_state,
+    check_values_array,
 )
 from reference.layout import num_blocks_for
 
@@ -63,17 +83,20 @@ def dense_attention(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=
         A query that sees no key gets out 0 and lse -inf.
 
     Raises:
-        ValueError: ``num_q_heads`` is not a multiple of ``num_kv_heads``, or q_len > kv_len
-            with ``causal`` (a query would have no position in the sequence).
+        TypeError: ``q``, ``k``, ``v`` are not float arrays, ``causal`` is not a bool, or
+            ``scale`` / ``alibi_slopes`` are not floats.
+        ValueError: bad shapes; ``num_q_heads`` is not a multiple of ``num_kv_heads``; q_len >
+            kv_len with ``causal`` (a query would have no position in the sequence); a scale
+            that is not finite and > 0 or a slope that is not finite.
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    q, k, v = check_dense_inputs(q, k, v, causal)
     q_len, num_q_heads, head_size = q.shape
     kv_len, num_kv_heads, _ = k.shape
     group = check_heads(num_q_heads, num_kv_heads)
     if causal and q_len > kv_len:
         raise ValueError(f"q_len={q_len} > kv_len={kv_len}: causal queries are the last q_len keys")
+    scale = check_scale(scale)
+    slopes = check_alibi_slopes(alibi_slopes, num_q_heads)
     out = np.zeros((q_len, num_q_heads, head_size))
     lse = np.full((q_len, num_q_heads), -np.inf)
     if q_len == 0 or kv_len == 0:
@@ -82,10 +105,10 @@ def dense_attention(q, k, v, scale: float, *, causal: bool = True, alibi_slopes=
     k_per_q_head = np.repeat(k, group, axis=1)  # [kv_len, num_q_heads, head_size]
     v_per_q_head = np.repeat(v, group, axis=1)
     scores = np.einsum("qhd,khd->hqk", q, k_per_q_head) * scale  # [num_q_heads, q_len, kv_len]
+    scores = _data_neg_inf_to_nan(scores)
     query_pos = np.arange(kv_len - q_len, kv_len)  # [q_len]
     key_pos = np.arange(kv_len)  # [kv_len]
-    if alibi_slopes is not None:
-        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+    if slopes is not None:
         scores = scores + slopes[:, None, None] * (key_pos[None, None, :] - query_pos[None, :, None])
     if causal:
         visible = key_pos[None, :] <= query_pos[:, None]  # [q_len, kv_len]
@@ -115,6 +138,7 @@ def kv_head_indices(num_q_heads: int, num_kv_heads: int) -> np.ndarray:
         query heads share a KV head, as in vLLM's ``kv_head_idx = head_idx / num_queries_per_kv``.
 
     Raises:
+        TypeError: a count is not an int.
         ValueError: ``num_q_heads`` is not a positive multiple of ``num_kv_heads``.
     """
     group = check_heads(num_q_heads, num_kv_heads)
@@ -134,10 +158,25 @@ def empty_state(lead_shape, head_size: int, dtype=np.float64):
 
     Returns:
         (m, l, acc): [*lead_shape], [*lead_shape], [*lead_shape, head_size].
+
+    Raises:
+        TypeError / ValueError: ``lead_shape`` is not a list of ints >= 0, ``head_size`` is not
+            an int >= 1, or ``dtype`` is not a float dtype.
     """
-    lead_shape = tuple(lead_shape)
+    lead_shape = check_lead_shape(lead_shape)
+    head_size = check_int("head_size", head_size, min_value=1)
+    dtype = check_float_dtype(dtype)
     return (np.full(lead_shape, -np.inf, dtype=dtype), np.zeros(lead_shape, dtype=dtype),
             np.zeros(lead_shape + (head_size,), dtype=dtype))
+
+
+def _data_neg_inf_to_nan(scores):
+    """Returns ``scores`` with every -inf made NaN, *before* any mask is applied.
+
+    NOTE: -inf means "masked key" to the recurrence. A -inf computed from data (an infinite key)
+    would be silently dropped like a masked key; as NaN it propagates, as the contract says.
+    """
+    return np.where(np.isneginf(scores), np.nan, scores)
 
 
 def _finite_max(m):
@@ -163,8 +202,14 @@ def online_softmax_update(m, l, acc, scores, values):
 
     Returns:
         (m, l, acc) after the block, same shapes. A block whose scores are all -inf leaves the
-        state unchanged; nothing here is ever NaN for finite inputs.
+        state unchanged; nothing here is ever NaN for finite inputs, and a NaN or +inf score
+        or a non-finite value propagates into the state (the module's NaN/inf contract).
+
+    Raises:
+        TypeError / ValueError: not float arrays, or shapes that do not fit the state.
     """
+    check_state(m, l, acc)
+    check_block_scores(m, acc, scores, values)
     if scores.shape[-1] == 0:
         return m, l, acc
     m_new = np.maximum(m, scores.max(axis=-1))  # [...]
@@ -187,7 +232,11 @@ def finalize_state(m, l, acc):
     Returns:
         (out, lse): out [..., head_size] = acc / l, lse [...] = m + log(l). Where ``l == 0``
         (no key seen) out is exactly 0 and lse is -inf — the zero-length contract.
+
+    Raises:
+        TypeError / ValueError: not a state (see :func:`check_state`).
     """
+    check_state(m, l, acc)
     empty = l == 0
     safe_l = np.where(empty, 1.0, l)
     out = np.where(empty[..., None], 0.0, acc / safe_l[..., None])
@@ -248,32 +297,36 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
         An empty range gives the empty state.
 
     Raises:
-        TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks).
+        TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks);
+            the range and ``context_len`` must be ints (no silent rounding of 2.7 to 2).
     """
     num_blocks, num_kv_heads, block_size, head_size = check_kv_cache(key_cache, value_cache)
     check_float_array("query", query, 2, "[num_q_heads, head_size]")
     num_q_heads = query.shape[0]
     check_head_size("query", query.shape[1], head_size)
     kv_heads = kv_head_indices(num_q_heads, num_kv_heads)  # [num_q_heads]
-    tables, lens = check_block_tables(np.asarray(block_table)[None], [context_len], num_blocks,
-                                      block_size)
-    context_len = int(lens[0])
-    end_token_idx = context_len if end_token_idx is None else int(end_token_idx)
-    if not 0 <= int(start_token_idx) <= end_token_idx <= context_len:
+    compute_dtype = check_float_dtype(compute_dtype, "compute_dtype").type
+    context_len = check_int("context_len", context_len, min_value=0)
+    start_token_idx = check_int("start_token_idx", start_token_idx)
+    end_token_idx = context_len if end_token_idx is None else check_int("end_token_idx",
+                                                                         end_token_idx)
+    if not 0 <= start_token_idx <= end_token_idx <= context_len:
         raise ValueError(f"need 0 <= start_token_idx <= end_token_idx <= context_len, got "
                          f"{start_token_idx}, {end_token_idx}, {context_len}")
-    slopes = check_alibi_slopes(alibi_slopes, num_q_heads)
-    scale = check_scale(scale)
+    tables, lens = check_block_tables(check_values_array("block_table", block_table)[None],
+                                      [context_len], num_blocks, block_size)
+    slopes = check_alibi_slopes(alibi_slopes, num_q_heads, compute_dtype)
+    scale = check_scale(scale, compute_dtype)
 
     q = query.astype(compute_dtype)
     m, l, acc = empty_state((num_q_heads,), head_size, compute_dtype)
     query_pos = context_len - 1
     for block_id, row_start, row_end, block_start in _blocks_in_range(
-            tables[0], block_size, int(start_token_idx), end_token_idx):
+            tables[0], block_size, start_token_idx, end_token_idx):
         # One physical block, every query head at once: gather each head's KV head.
         k = key_cache[block_id, :, row_start:row_end].astype(compute_dtype)[kv_heads]  # [Hq, n, D]
         v = value_cache[block_id, :, row_start:row_end].astype(compute_dtype)[kv_heads]
-        scores = np.einsum("hd,hnd->hn", q, k) * compute_dtype(scale)  # [Hq, n]
+        scores = _data_neg_inf_to_nan(np.einsum("hd,hnd->hn", q, k) * compute_dtype(scale))
         if slopes is not None:
             key_pos = block_start + np.arange(row_start, row_end)  # [n]
             scores = scores + _alibi_bias(slopes, query_pos, key_pos).astype(compute_dtype)
@@ -282,7 +335,7 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
 
 
 def _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale,
-                       alibi_slopes):
+                       alibi_slopes, compute_dtype=np.float64):
     """Validates a paged decode call; returns (num_seqs, num_q_heads, block_size, head_size,
     tables, lens) with tables/lens as checked int arrays."""
     num_blocks, num_kv_heads, block_size, head_size = check_kv_cache(key_cache, value_cache)
@@ -293,8 +346,8 @@ def _check_decode_args(query, key_cache, value_cache, block_tables, context_lens
     tables, lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
     if tables.shape[0] != num_seqs:
         raise ValueError(f"query has {num_seqs} sequences but block_tables has {tables.shape[0]} rows")
-    check_alibi_slopes(alibi_slopes, num_q_heads)
-    check_scale(scale)
+    check_alibi_slopes(alibi_slopes, num_q_heads, compute_dtype)
+    check_scale(scale, compute_dtype)
     return num_seqs, num_q_heads, block_size, head_size, tables, lens
 
 
@@ -302,7 +355,8 @@ def _paged_decode(query, key_cache, value_cache, block_tables, context_lens, sca
                   alibi_slopes, compute_dtype):
     """paged_decode in a given compute dtype (float64 for Task 2, float32 for Task 5)."""
     num_seqs, num_q_heads, block_size, head_size, tables, lens = _check_decode_args(
-        query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes)
+        query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes,
+        compute_dtype)
     out = np.zeros((num_seqs, num_q_heads, head_size), dtype=compute_dtype)
     lse = np.full((num_seqs, num_q_heads), -np.inf, dtype=compute_dtype)
     for seq_idx in range(num_seqs):
@@ -395,7 +449,7 @@ def paged_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, con
             k = key_cache[block_id, :, row_start:row_end].astype(np.float64)[kv_heads]  # [Hq, n, D]
             v = value_cache[block_id, :, row_start:row_end].astype(np.float64)[kv_heads]
             key_pos = block_start + np.arange(row_start, row_end)  # [n]
-            scores = (q @ k.transpose(0, 2, 1)) * scale  # [Hq, q_len, n]
+            scores = _data_neg_inf_to_nan((q @ k.transpose(0, 2, 1)) * scale)  # [Hq, q_len, n]
             if slopes is not None:
                 scores = scores + _alibi_bias(slopes, causal_limit, key_pos)
             visible = key_pos[None, :] <= causal_limit[:, None]  # [q_len, n]
@@ -423,7 +477,11 @@ def merge_partitions(m, l, acc):
 
     Returns:
         (m, l, acc): [...], [...], [..., head_size] — the merged state.
+
+    Raises:
+        TypeError / ValueError: not states with a leading axis of at least one partition.
     """
+    check_partitions(m, l, acc)
     m_max = m.max(axis=0)  # [...]
     weight = np.exp(m - _finite_max(m_max))  # [num_partitions, ...]
     return m_max, (l * weight).sum(axis=0), (acc * weight[..., None]).sum(axis=0)
@@ -444,9 +502,13 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
 
     Returns:
         (out, lse) over A ∪ B, float64. Two empty inputs give out 0 and lse -inf.
+
+    Raises:
+        TypeError / ValueError: not float arrays, or shapes that do not match.
     """
-    lse = np.stack([np.asarray(lse_a, np.float64), np.asarray(lse_b, np.float64)])
-    out = np.stack([np.asarray(out_a, np.float64), np.asarray(out_b, np.float64)])
+    out_a, lse_a, out_b, lse_b = check_out_lse(out_a, lse_a, out_b, lse_b)
+    lse = np.stack([lse_a, lse_b])
+    out = np.stack([out_a, out_b])
     return finalize_state(*merge_partitions(lse, np.where(np.isneginf(lse), 0.0, 1.0), out))
 
 
@@ -475,14 +537,19 @@ def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_le
         equal to :func:`paged_decode`'s up to float64 rounding.
 
     Raises:
-        TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size.
+        TypeError / ValueError / IndexError: bad arguments; ValueError names partition_size
+            (a float or bool included: it must be an int that is a positive multiple).
     """
     num_seqs, num_q_heads, block_size, head_size, tables, lens = _check_decode_args(
         query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes)
-    if (isinstance(partition_size, bool) or not isinstance(partition_size, (int, np.integer))
-            or partition_size <= 0 or partition_size % block_size):
-        raise ValueError(f"partition_size must be a positive multiple of block_size={block_size}, "
-                         f"got {partition_size!r}")
+    original_partition_size = partition_size
+    try:
+        partition_size = check_int("partition_size", partition_size)
+    except TypeError:
+        partition_size = None  # refused below, as a ValueError like any bad partition_size
+    if partition_size is None or partition_size <= 0 or partition_size % block_size:
+        raise ValueError(f"partition_size must be an int, a positive multiple of "
+                         f"block_size={block_size}, got {original_partition_size!r}")
     max_num_partitions = max(1, num_blocks_for(int(lens.max(initial=0)), int(partition_size)))
     m, l, acc = empty_state((max_num_partitions, num_seqs, num_q_heads), head_size)
     for seq_idx in range(num_seqs):
@@ -512,8 +579,15 @@ def round_to(x, dtype: str):
 
     Returns:
         float32 array of the same shape.
+
+    Raises:
+        ValueError: ``dtype`` is not one of the two.
+        TypeError: ``x`` is not an array of real numbers.
     """
-    x32 = np.asarray(x, dtype=np.float32)
+    if dtype not in LOW_PRECISION_DTYPES:
+        raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
+    with np.errstate(over="ignore"):  # beyond float32's range is inf, as a cast on a GPU
+        x32 = check_values_array("x", x).astype(np.float32)
     if dtype == "float16":
         return x32.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":
@@ -521,7 +595,6 @@ def round_to(x, dtype: str):
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # keep the top 16 bits, RNE
         out = rounded.astype(np.uint32).view(np.float32)
         return np.where(np.isnan(x32), np.float32(np.nan), out)
-    raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
 
 
 def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens, scale: float,
@@ -547,14 +620,16 @@ def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens,
         lse [num_seqs, num_q_heads] float32.
 
     Raises:
-        ValueError: unknown dtype; otherwise as :func:`paged_decode`.
+        ValueError: unknown dtype, a ``scale`` or slope that is not finite (and > 0) in
+            float32 — the kernels multiply in float32; otherwise as :func:`paged_decode`.
     """
     if dtype not in LOW_PRECISION_DTYPES:
         raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
-    check_kv_cache(key_cache, value_cache)
-    check_float_array("query", query, 3, "[num_seqs, num_q_heads, head_size]")
+    # Every argument is checked before the (costly) rounding of the whole cache.
+    _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale,
+                       alibi_slopes, np.float32)
     q, k, v = round_to(query, dtype), round_to(key_cache, dtype), round_to(value_cache, dtype)
-    slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float32)
+    slopes = check_alibi_slopes(alibi_slopes, query.shape[1], np.float32)
     out, lse = _paged_decode(q, k, v, block_tables, context_lens, scale, slopes,
                              compute_dtype=np.float32)
     return round_to(out, dtype), lse.astype(np.float32)

@@ -173,7 +173,8 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
         if t is not None and t.data_ptr() % 16:
             raise ValueError(f"{name} must start on a 16-byte boundary (the kernels load 16 bytes "
                              f"at a time), but its address is {t.data_ptr() % 16} bytes past one")
-    scale = check_scale(1.0 / math.sqrt(head_size) if scale is None else scale)
+    # NOTE: the kernels take the scale as float32: 1e39 would arrive as inf, 1e-50 as 0.
+    scale = check_scale(1.0 / math.sqrt(head_size) if scale is None else scale, dtype=np.float32)
     shape = DecodeShape(num_seqs, num_q_heads, num_kv_heads, head_size, num_blocks, block_size,
                         bt.shape[1], dtype, scale)
     if max_context_len is not None:

@@ -140,7 +140,7 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     if dtype not in KERNEL_DTYPES[kernel]:
         raise UnsupportedConfigError(f"the {kernel} kernel does not support dtype {dtype} "
                                      f"(supported: {KERNEL_DTYPES[kernel]})")
-    check_scale(scale)
+    check_scale(scale, dtype=np.float32)  # the kernels take it as float32
     if alibi_slopes is not None:
         check_array("alibi_slopes", alibi_slopes, 1, ("float32",))
         if tuple(alibi_slopes.shape) != (num_q_heads,):
