@@ -141,7 +141,8 @@ def grade_submission(submission: Path, results: Path) -> int:
         args = parser.parse_args([*labs, "--results", str(results), "--summary",
                                   str(Path(tmp) / "summary.md"), "--timeout",
                                   str(config.get("timeout_s", 60)), "--on-tamper",
-                                  config.get("on_tamper", "flag"), "--quiet"])
+                                  config.get("on_tamper", "zero"), "--manifest-digest",
+                                  config["manifest_digest"], "--quiet"])
         return grade.main(args, extra_notes=notes, extra_tamper=tamper)
 
 

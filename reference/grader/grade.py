@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"release manifest to verify (default: ./{MANIFEST_NAME} if present)")
     parser.add_argument("--manifest-digest", default=None,
                         help="expected digest of the manifest (as printed by pagedlab release)")
-    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="flag",
-                        help="protected files changed: flag them (default), score the labs "
-                             "they affect 0, or refuse to grade")
+    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="zero",
+                        help="protected files changed: score the labs they affect 0 "
+                             "(default), only flag them, or refuse to grade")
     parser.add_argument("--classroom", action="store_true",
                         help="also write the GitHub Classroom step result to $GITHUB_OUTPUT")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -112,6 +112,12 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         impl = impl_name()
     except LabImplError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_GRADE
+    if args.classroom and not args.manifest_digest:
+        # NOTE: without the pin, a student who edits a test and rewrites the manifest to
+        # match is graded as untouched.
+        print("pagedlab: --classroom needs --manifest-digest (the digest `pagedlab release` "
+              "printed, pinned in the workflow)", file=sys.stderr)
         return EXIT_CANNOT_GRADE
     labs = resolve_labs(args.labs) if args.labs else lab_names()
     manifest, notes = _manifest(args)

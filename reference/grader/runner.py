@@ -306,8 +306,7 @@ def _death_message(child: _Child, test_timeout_s: float | None) -> str:
 
 def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, test_timeout_s,
                progress, done, total) -> _Child:
-    child_env = dict(os.environ)
-    child_env.pop("PYTEST_ADDOPTS", None)
+    child_env = _child_env()
     if impl is not None:
         child_env["LAB_IMPL"] = impl
     child_env.update(env or {})
@@ -315,12 +314,20 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
     # NOTE: mkdtemp is private (0700) and unpredictable; the log is signed anyway.
     with tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
         log, out_path = Path(tmp) / "log.jsonl", Path(tmp) / "output.txt"
+        # Bytecode lives in a private, fresh folder: a committed __pycache__/*.pyc (an
+        # "unchecked-hash" one is never compared with its source) is then never read.
+        child_env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         # NOTE: -p no:nbval — grading runs no notebooks, and nbval's imports cost seconds per
         # child (nbformat -> jsonschema); every lab and every restart pays process start-up.
-        cmd = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
+        # NOTE: -s: no user site-packages (a .pth there runs at start-up).
+        cmd = [sys.executable, "-s", "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
                "-p", "no:nbval",
                "--pagedlab-log", str(log), "--rootdir", str(REPO_ROOT),
-               "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors"]
+               "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors",
+               # Only test_*.py is a test file: pytest's default also collects *_test.py, a
+               # name a student could give a file of their own (with hooks in it).
+               "-o", "python_files=test_*.py", "-o", "python_classes=Test*",
+               "-o", "python_functions=test_*"]
         if test_timeout_s and importlib.util.find_spec("pytest_timeout") is not None:
             cmd += [f"--timeout={test_timeout_s:g}", "--timeout-method=signal"]
         if only:
@@ -344,6 +351,21 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         events += tail.poll(final=True)
         output = out_path.read_text(errors="replace")
     return _Child(proc.returncode, killed, output, events, tail.rejected)
+
+
+#: Variables of the grader's environment a test process never gets: CI's files for steering
+#: later steps (a student's code appending PYTHONPATH to $GITHUB_ENV), pytest/Python start-up hooks.
+DROPPED_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONPATH",
+               "PYTHONHOME", "PYTHONUSERBASE", "LD_PRELOAD", "LD_LIBRARY_PATH", "GITHUB_ENV",
+               "GITHUB_OUTPUT", "GITHUB_PATH", "GITHUB_STATE", "GITHUB_STEP_SUMMARY",
+               "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "GITHUB_TOKEN")
+
+
+def _child_env() -> dict[str, str]:
+    """Returns the test process's environment: the grader's, less :data:`DROPPED_ENV`."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def _watch(proc: subprocess.Popen, tail: LogTail, *, lab, timeout_s, test_timeout_s, progress,
