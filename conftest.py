@@ -3,7 +3,7 @@
 * Loads the grading plugin (points marker, grade table, JSON report): ``reference.grader.grading``.
 * Provides the ``impl`` fixture: the implementation of the lab a test lives in, chosen by
   ``LAB_IMPL`` (see ``reference/loader.py``). Tests never import ``starter``/``solution``.
-  Under isolated grading (``PAGEDLAB_ISOLATED=1``) it is a proxy for that module, which lives
+  Under isolated grading (``PAGEDLAB_ISOLATED`` set) it is a proxy for that module, which lives
   in an unprivileged worker process (``reference/grader/proxy.py``).
 * Makes hypothesis deterministic, so a grade never depends on a lucky draw.
 """
@@ -50,7 +50,7 @@ def impl(request: pytest.FixtureRequest):
     lab = lab_of_path(request.node.path)
     if lab is None:
         raise RuntimeError(f"{request.node.nodeid} is not inside labs/<lab>/; use load_impl()")
-    if os.environ.get(ISOLATED_ENV) == "1":
+    if os.environ.get(ISOLATED_ENV):
         # Grading: student code runs only in a worker process (reference/grader/proxy.py).
         from reference.grader.proxy import remote_impl
 

@@ -30,6 +30,7 @@ from reference.grader.manifest import MANIFEST_NAME, Tamper, digest, load_manife
 from reference.paths import REPO_ROOT, lab_names, resolve_labs
 from reference.grader.progress import Progress
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
+from reference.grader.sandbox import IsolationError
 
 EXIT_OK, EXIT_BELOW, EXIT_CANNOT_GRADE, EXIT_UNTRUSTED = 0, 1, 2, 3
 
@@ -53,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default), only flag them, or refuse to grade")
     parser.add_argument("--classroom", action="store_true",
                         help="also write the GitHub Classroom step result to $GITHUB_OUTPUT")
+    parser.add_argument("--isolated", action="store_true",
+                        help="run student code only in an unprivileged worker process (the "
+                             "grading mode; default with --classroom and on Gradescope)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -150,7 +154,12 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     try:
         run = run_lab_tests(labs, impl=impl, test_timeout_s=args.timeout or None,
                             include_hidden=not args.no_hidden, expected=expected,
-                            progress=progress)
+                            progress=progress, isolated=args.isolated or args.classroom)
+    except IsolationError as exc:
+        error = f"cannot grade isolated: {exc}"
+        print(f"pagedlab: {error}", file=sys.stderr)
+        _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=error, expected=expected)
+        return EXIT_CANNOT_GRADE
     except GradingRunError as exc:
         print(f"pagedlab: grading failed: {exc}", file=sys.stderr)
         _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=f"grading failed: {exc}",

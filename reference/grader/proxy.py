@@ -1,6 +1,6 @@
 """The trusted side of isolated grading: ``impl`` as a proxy for a module living in a worker.
 
-Under grading (``PAGEDLAB_ISOLATED=1``, set by the runner) the ``impl`` fixture returns
+Under grading (``PAGEDLAB_ISOLATED`` set by the runner: ``root`` or ``sudo``) the ``impl`` fixture returns
 :func:`remote_impl`: attribute reads, calls and the usual operators are forwarded to the
 worker (:mod:`reference.grader.worker`), which alone imports the student's code. Values come
 back through the safe codec (:mod:`reference.grader.codec`); objects with methods stay in the
@@ -32,8 +32,8 @@ import msgpack
 
 from reference import errors as reference_errors
 from reference.grader.codec import Codec
-from reference.grader.sandbox import ensure_worker_user, make_worker_home, worker_command
-from reference.grader.worker import SWITCH_INTERVAL_S, read_frame, write_frame
+from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, make_worker_home, worker_command
+from reference.grader.worker import read_frame, write_frame
 from reference.paths import REPO_ROOT
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
@@ -156,7 +156,9 @@ class WorkerClient:
     """One worker process and the calls in flight to it."""
 
     def __init__(self, lab: str) -> None:
-        how = ensure_worker_user()
+        how = os.environ.get(ISOLATED_ENV)
+        if how not in ("root", "sudo"):
+            how = ensure_worker_user()
         self.home = make_worker_home()
         argv, extra = worker_command([lab], how, self.home)
         self.lab = lab
@@ -171,7 +173,6 @@ class WorkerClient:
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         self.dead: str | None = None
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         threading.Thread(target=self._read_replies, daemon=True).start()
         threading.Thread(target=self._drain_output, daemon=True).start()
         self.module = self.request("import", None)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reference.grader.hidden import hidden_dirs
+from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
@@ -89,6 +90,7 @@ def run_lab_tests(
     include_hidden: bool = True,
     expected: dict[str, dict[str, float]] | None = None,
     progress: ProgressFn | None = None,
+    isolated: bool = False,
 ) -> RunResult:
     """Runs the tests of each lab in its own child pytest process.
 
@@ -104,6 +106,8 @@ def run_lab_tests(
         expected: lab -> {node id: points} the run must account for (a manifest's list);
             labs absent here expect what their collection finds.
         progress: told when each lab starts and ends, and as test results arrive.
+        isolated: run student code only in an unprivileged worker process
+            (:mod:`reference.grader.proxy`); the tests and this log stay in the test process.
 
     Returns:
         Records for every expected test of every lab (failed where no result came back).
@@ -111,7 +115,12 @@ def run_lab_tests(
     Raises:
         GradingRunError: a lab's child collected nothing and nothing was expected of it, or
             no lab had any test.
+        IsolationError: ``isolated`` but no other user can run student code here.
     """
+    if isolated:
+        # Refuse now, saying why, rather than fail every test; the test processes learn how
+        # to switch users from the variable (root or sudo).
+        env = {**(env or {}), ISOLATED_ENV: ensure_worker_user()}
     runs = [
         _run_lab(lab, impl=impl, env=env, only=only, extra_args=extra_args, timeout_s=timeout_s,
                  test_timeout_s=test_timeout_s, include_hidden=include_hidden,

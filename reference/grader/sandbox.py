@@ -27,7 +27,8 @@ WORKER_USER = os.environ.get("PAGEDLAB_WORKER_USER", "pagedlab-worker")
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LAB_IMPL", "PAGEDLAB_IMPL_DIR",
              "PAGEDLAB_TEST_DEVICE", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-#: Set in the test process's environment when its ``impl`` must be a worker proxy.
+#: Set in the test process's environment (to ``root`` or ``sudo``: how to switch users) when
+#: its ``impl`` must be a worker proxy.
 ISOLATED_ENV = "PAGEDLAB_ISOLATED"
 
 
@@ -71,14 +72,16 @@ def ensure_worker_user() -> str:
         if made.returncode != 0:
             raise IsolationError(f"could not create the user {WORKER_USER!r}: "
                                  f"{made.stderr.strip()}") from None
-    probe = subprocess.run(_switch(how) + [sys.executable, "-s", "-c", "import numpy"],
-                           capture_output=True, text=True, cwd="/",
-                           **_popen_user(how))
+    from reference.paths import REPO_ROOT
+
+    probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
+                                           "import numpy, reference.grader.worker"],
+                           capture_output=True, text=True, cwd=REPO_ROOT, **_popen_user(how))
     if probe.returncode != 0:
         raise IsolationError(
-            f"the user {WORKER_USER!r} cannot run {sys.executable} with numpy "
-            f"({probe.stderr.strip()[-300:]}): install Python where every user can read it "
-            f"(not under a private home)")
+            f"the user {WORKER_USER!r} cannot run {sys.executable} on {REPO_ROOT} "
+            f"({probe.stderr.strip()[-300:]}): Python and the workbook must be readable by "
+            f"every user (not under a private home)")
     return how
 
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-starter", action="store_true", help="skip (b)")
     parser.add_argument("--skip-mutants", action="store_true", help="skip (c)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
+    parser.add_argument("--isolated", action="store_true",
+                        help="run the implementations in the unprivileged worker, as grading does")
 
 
-def check_solution(labs: list[str] | None) -> list[str]:
+def check_solution(labs: list[str] | None, isolated: bool = False) -> list[str]:
     """(a) Returns problems: solution tests that did not pass."""
-    run = run_lab_tests(labs, impl="solution")
+    run = run_lab_tests(labs, impl="solution", isolated=isolated)
     bad = [r for r in run.records if r["outcome"] in ("failed", "error")]
     skipped = [r for r in run.records if r["outcome"] == "skipped"]
     print(f"(a) solutions: {len(run.records) - len(bad) - len(skipped)} passed, "
@@ -42,9 +45,9 @@ def check_solution(labs: list[str] | None) -> list[str]:
     return [f"solution fails {r['nodeid']}: {r['message']}" for r in bad] + run.problems
 
 
-def check_starter(labs: list[str] | None) -> list[str]:
+def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
     """(b) Returns problems: starter tests that passed or failed without a TODO."""
-    run = run_lab_tests(labs, impl="starter")
+    run = run_lab_tests(labs, impl="starter", isolated=isolated)
     problems = []
     for r in run.records:
         if r["outcome"] == "passed":
@@ -58,16 +61,18 @@ def check_starter(labs: list[str] | None) -> list[str]:
     return problems + run.problems
 
 
-def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
+def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | None]:
     """Returns (mutant, problem or None)."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        if isolated:
+            os.chmod(tmp, 0o755)  # NOTE: the worker's user reads the mutant copy (no secret)
         try:
             folder = build_mutant(mutant, Path(tmp))
         except MutantSpecError as exc:
             return mutant, str(exc)
         try:
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                only=mutant.caught_by, timeout_s=900)
+                                only=mutant.caught_by, timeout_s=900, isolated=isolated)
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
     by_name: dict[str, list[dict]] = {}
@@ -89,7 +94,7 @@ def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
     return mutant, None
 
 
-def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
+def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> list[str]:
     """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts."""
     mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
     have_gpu = gpu_available()
@@ -105,7 +110,7 @@ def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
                                 f"(mutant {m.name})")
     print(f"(c) mutants: checking {len(runnable)} ({len(waiting)} need a GPU, not checked here)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for mutant, problem in pool.map(_check_one, runnable):
+        for mutant, problem in pool.map(lambda m: _check_one(m, isolated), runnable):
             status = "caught" if problem is None else f"PROBLEM: {problem}"
             print(f"      {mutant.lab}/{mutant.name}: {status}")
             if problem:
@@ -125,11 +130,11 @@ def main(args: argparse.Namespace) -> int:
     problems: list[str] = []
     try:
         if not args.skip_solution:
-            problems += check_solution(labs)
+            problems += check_solution(labs, args.isolated)
         if not args.skip_starter:
-            problems += check_starter(labs)
+            problems += check_starter(labs, args.isolated)
         if not args.skip_mutants:
-            problems += check_mutants(labs, args.jobs)
+            problems += check_mutants(labs, args.jobs, args.isolated)
     except GradingRunError as exc:
         problems.append(f"a test run broke: {exc}")
     if problems:
