@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -49,6 +50,13 @@ def _student(release: Path, dest: Path, starter: str | None = None) -> Path:
     shutil.copytree(release, dest)
     if starter is not None:
         (dest / "labs" / LAB1 / "starter.py").write_text(starter)
+    # NOTE: the Classroom step grades isolated: the worker's user must reach and read the tree
+    # (pytest's own temporary folders are private to root).
+    for parent in dest.parents:
+        if str(parent).startswith(tempfile.gettempdir() + "/"):
+            parent.chmod(parent.stat().st_mode | 0o005)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o005 if path.is_dir() else 0o004))
     return dest
 
 

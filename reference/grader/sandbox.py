@@ -74,9 +74,13 @@ def ensure_worker_user() -> str:
                                  f"{made.stderr.strip()}") from None
     from reference.paths import REPO_ROOT
 
-    probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
-                                           "import numpy, reference.grader.worker"],
-                           capture_output=True, text=True, cwd=REPO_ROOT, **_popen_user(how))
+    try:
+        probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
+                                               "import numpy, reference.grader.worker"],
+                               capture_output=True, text=True, cwd=REPO_ROOT, **_popen_user(how))
+    except OSError as exc:  # e.g. the user may not enter REPO_ROOT
+        raise IsolationError(f"the user {WORKER_USER!r} cannot work in {REPO_ROOT} ({exc}): "
+                             f"the workbook must be readable by every user") from None
     if probe.returncode != 0:
         raise IsolationError(
             f"the user {WORKER_USER!r} cannot run {sys.executable} on {REPO_ROOT} "

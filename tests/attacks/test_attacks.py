@@ -73,7 +73,7 @@ SECRET = "HIDDEN-SECRET-{lab}"
 @pytest.mark.points(1)
 def test_hidden(impl):
     """Hidden."""
-    assert impl.area(7, 3) == 21, SECRET
+    assert impl.area(7, 3) == 21, "area of a 7 x 3 rectangle"
 '''
 SOLUTION = '''
 def area(w, h):
