@@ -46,6 +46,28 @@ def include_options() -> tuple[str, ...]:
     return (f"-I{INCLUDE_DIR}",) + ((f"-I{home / 'include'}",) if home else ())
 
 
+def kernel_include_dirs(cu_path: str | Path) -> tuple[Path, ...]:
+    """Returns the folders a ``.cu`` file's ``#include "x.cuh"`` resolves against, in order.
+
+    First the file's own folder; then, for a file outside ``labs/`` — a solution in
+    ``solutions/<lab>/``, or a mutant copy of one (a folder named after its lab) — the lab's
+    handout folder ``labs/<lab>/``, where the headers given to students are kept once.
+
+    Args:
+        cu_path: the ``.cu`` file.
+
+    Returns:
+        One or two folders.
+    """
+    from reference.paths import LABS_DIR
+
+    folder = Path(cu_path).resolve().parent
+    lab = LABS_DIR / folder.name
+    if folder.name.startswith("lab") and lab.is_dir() and lab != folder:
+        return folder, lab
+    return (folder,)
+
+
 @functools.lru_cache(maxsize=None)
 def _compile(source: str, options: tuple[str, ...], backend: str, name_expressions: tuple | None):
     import cupy
@@ -59,7 +81,8 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
     """Compiles a ``.cu`` file (cached per source text and options) into a CuPy RawModule.
 
     Args:
-        cu_path: the ``.cu`` file; ``#include "x.cuh"`` resolves against its folder.
+        cu_path: the ``.cu`` file; ``#include "x.cuh"`` resolves against its folder, then its
+            lab's (:func:`kernel_include_dirs`), then ``reference/include``.
         options: extra compiler options (``-DNAME=VALUE``, ...).
         backend: ``"nvrtc"`` (default, no toolkit needed) or ``"nvcc"``.
         name_expressions: template instantiations to make addressable, if any.
@@ -68,11 +91,12 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
         The compiled ``cupy.RawModule``.
     """
     path = Path(cu_path)
+    dirs = kernel_include_dirs(path)
     # NOTE: CuPy caches compiled modules by source text and options, which do not change when
     # only an included header does: the headers' digest goes into the source as a comment.
-    headers = sorted(path.parent.glob("*.cuh")) + sorted(INCLUDE_DIR.glob("*.cuh"))
+    headers = [h for d in (*dirs, INCLUDE_DIR) for h in sorted(d.glob("*.cuh"))]
     source = path.read_text() + f"\n// headers {source_digest(*headers)}\n"
-    opts = BASE_OPTIONS + (f"-I{path.parent}",) + include_options() + tuple(options)
+    opts = BASE_OPTIONS + tuple(f"-I{d}" for d in dirs) + include_options() + tuple(options)
     return _compile(source, opts, backend, tuple(name_expressions) if name_expressions else None)
 
 

@@ -19,6 +19,7 @@ import pytest
 from grading_helpers import pagedlab
 from reference.grader.classroom import reporter_total
 from reference.grader.mutants import build_mutant, load_mutants
+from reference.grader.results import total_points
 from reference.paths import REPO_ROOT
 
 # NOTE: building a second fresh environment costs another minute; CI runs this one on purpose
@@ -148,7 +149,7 @@ def test_bundle_holds_the_scripts_hidden_tests_and_no_solutions(bundle):
     assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
     assert any(n.startswith(f"hidden/{LAB1}/test_lab01_hidden") for n in names)
     assert not any(n.startswith("solutions/") or n.endswith("solution.py") for n in names)
-    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(45)  # 41 public + 4 hidden
+    assert total_points(manifest["tests"][LAB1].values()) == 45  # 41 public + 4 hidden
     assert subprocess.run(["bash", "-n", "-c", zipfile.ZipFile(bundle).read("setup.sh").decode()]).returncode == 0
 
 

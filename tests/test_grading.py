@@ -7,10 +7,15 @@ import os
 import subprocess
 import sys
 
+from fractions import Fraction
+
+import pytest
+
 from reference.grader.gradebook import gradescope_results, summarize, todos
+from reference.grader.results import TestResult
 from reference.paths import REPO_ROOT, lab_names
 
-RECORDS = [
+RECORDS = [TestResult.from_json(r) for r in [
     {"nodeid": "labs/lab01_x/test_a.py::test_one", "lab": "lab01_x", "name": "test_one",
      "doc": "Proves one.", "points": 2.0, "outcome": "passed", "when": "", "message": "", "details": ""},
     {"nodeid": "labs/lab01_x/test_a.py::test_two", "lab": "lab01_x", "name": "test_two", "doc": "",
@@ -18,7 +23,7 @@ RECORDS = [
      "message": "NotImplementedError: TODO(lab1.2): do the thing", "details": "trace"},
     {"nodeid": "labs/lab04_y/test_b.py::test_gpu", "lab": "lab04_y", "name": "test_gpu", "doc": "",
      "points": 3.0, "outcome": "skipped", "when": "setup", "message": "no GPU", "details": ""},
-]
+]]
 
 
 def test_summary_counts_points_per_lab():
@@ -37,6 +42,28 @@ def test_gradescope_format():
     failed = res["tests"][1]
     assert failed["status"] == "failed" and "TODO(lab1.2)" in failed["output"]
     assert failed["tags"] == ["lab01_x"]
+
+
+def test_shared_points_add_up_exactly():
+    """A test's points shared by its cases add up to exactly its points, not 0.9999."""
+    cases = [TestResult(nodeid=f"labs/lab01_x/test_a.py::test_p[{i}]", lab="lab01_x",
+                        points=Fraction(1, 3)) for i in range(3)]
+    row, = summarize(cases * 281)
+    assert row.max_points == 281 and row.points == 281
+    assert gradescope_results(cases, "x")["max_score"] == 1.0
+    back = TestResult.from_json(cases[0].to_json())
+    assert back.points == Fraction(1, 3) and cases[0].to_json()["points"] == "1/3"
+
+
+@pytest.mark.parametrize("bad", [{"nodeid": "a", "lab": "l", "outcome": "won"},
+                                 {"nodeid": "a", "lab": "l", "points": -1},
+                                 {"nodeid": "a", "lab": "l", "hidden": "yes"},
+                                 {"nodeid": "a", "lab": "l", "extra": 1},
+                                 {"lab": "l"}])
+def test_malformed_result_records_are_refused(bad):
+    """A result record with an unknown outcome, field or a wrong type is refused, not graded."""
+    with pytest.raises(ValueError):
+        TestResult.from_json(bad)
 
 
 def test_todos_are_listed_in_task_order():
@@ -73,3 +100,14 @@ def test_readme_grade_command_scores_every_starter_zero(tmp_path):
     assert all(t["status"] == "failed" for t in data["tests"] if "skipped" not in t["output"])
     assert "TODO(lab1.1)" in proc.stdout
     assert "Still to do" in summary.read_text()
+
+
+def test_todos_follow_the_handouts_task_order():
+    """grade and status send a student to the task the handout asks for first (Lab 1 starts
+    with the free queue, TODO(lab1.2), before the manager of TODO(lab1.1))."""
+    recs = [TestResult(nodeid=f"labs/lab01_block_manager/test_x.py::t{i}", lab="lab01_block_manager",
+                       outcome="failed", message=f"NotImplementedError: TODO({tag}): x")
+            for i, tag in enumerate(["lab1.1", "lab1.3", "lab1.2"])]
+    handout = (REPO_ROOT / "labs/lab01_block_manager/README.md").read_text()
+    first = min(["lab1.1", "lab1.2", "lab1.3"], key=lambda t: handout.index(f"TODO({t})"))
+    assert todos(recs)[0][0] == first

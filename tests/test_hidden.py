@@ -10,6 +10,7 @@ import sys
 
 from grading_helpers import by_name, grade, make_workbook, pagedlab
 from reference.grader.gradebook import gradescope_results, markdown_summary
+from reference.grader.results import TestResult
 from reference.grader.hidden import hidden_summary, student_message
 
 STARTER = '''
@@ -117,7 +118,7 @@ def test_release_strips_hidden_tests(tmp_path):
 
 def test_summaries_count_hidden_failures_per_lab():
     """The count line appears for every lab with hidden tests, even when none failed."""
-    recs = [
+    recs = [TestResult.from_json(r) for r in [
         {"nodeid": "solutions/lab01_a/hidden/test_lab01_hidden_x.py::test_h", "lab": "lab01_a",
          "name": "test_h", "doc": "", "points": 1.0, "outcome": "passed", "when": "",
          "message": "", "details": "", "hidden": True},
@@ -125,7 +126,7 @@ def test_summaries_count_hidden_failures_per_lab():
          "name": "test_k", "doc": "", "points": 1.0, "outcome": "failed", "when": "call",
          "message": "AssertionError: no\nassert 1 == 2\n +  where 1 = f(3)", "details": "code",
          "hidden": True},
-    ]
+    ]]
     assert hidden_summary(recs) == ["0 hidden tests failed in lab01_a (of 1 hidden)",
                                     "1 hidden test failed in lab02_b (of 1 hidden)"]
     res = gradescope_results(recs, "LAB_IMPL=starter")

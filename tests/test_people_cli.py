@@ -7,6 +7,7 @@ import io
 import json
 
 from grading_helpers import grade, make_workbook, pagedlab
+from reference.grader.results import TestResult
 from reference.grader.progress import Progress
 
 STARTER = '''
@@ -87,7 +88,8 @@ def test_doctor_reports_checks_and_lab_verdicts():
 def test_progress_lines():
     """On a terminal one line is redrawn per lab; elsewhere each lab prints start and end."""
     live, plain = io.StringIO(), io.StringIO()
-    records = [{"outcome": "passed"}, {"outcome": "failed"}]
+    records = [TestResult(nodeid="t::a", lab="lab01_x"),
+               TestResult(nodeid="t::b", lab="lab01_x", outcome="failed")]
     for stream, is_live in ((live, True), (plain, False)):
         p = Progress(stream, live=is_live)
         p.start("lab01_x")

@@ -20,154 +20,79 @@ Every launcher has one shape (the CuPy gemm example's)::
                         before anything runs, and all but the last check work without a GPU
     allocate the output -> grid / block -> launch on the current torch stream -> return it
 
+The plumbing is given, in protected files this module imports: ``_checks.py`` (the batch's
+``DecodeShape``, ``as_tensor``), ``_launch.py`` (the kernels' limits, ``SplitKVPlan``, the
+split-K kernel descriptions ``V3_KERNEL`` .. ``V6_KERNEL``, compile / launch helpers, the naive
+and v0 launchers) and ``reference/checks.py`` (the array, scale and device checks Lab 5 shares).
+``decode_naive.cu`` and ``decode_common.cuh`` are given too. Tuning (``tuning=`` of v3..v6) is an
+argument, never module state.
+
 Your tasks are marked ``TODO(lab4.k)``; ``LAB_IMPL=starter pagedlab grade 4`` lists the ones left.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from labs.lab04_decode_kernels._checks import (  # noqa: F401  (re-exported: tests use them)
+    SUPPORTED_BLOCK_SIZES,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_SIZES,
+    DecodeShape,
+    as_tensor,
+)
+from labs.lab04_decode_kernels._launch import (  # noqa: F401  (re-exported: tests, benchmark)
+    MAX_HEADS_PER_CTA,
+    MAX_PARTITION_SIZE,
+    NUM_THREADS,
+    PARTITION_ALIGN,
+    PARTITION_MULTIPLE,
+    TARGET_CTAS_PER_SM,
+    V0_MAX_TOKENS,
+    V3_KERNEL,
+    V4_KERNEL,
+    V5_KERNEL,
+    V6_HEAD_SIZES,
+    V6_KERNEL,
+    V6_MAX_PARTITION_SIZE,
+    V6_TARGET_CTAS_PER_SM,
+    SplitKVKernel,
+    SplitKVPlan,
+    check_plan,
+    finish,
+    get_kernel,
+    kernel_options,
+    launch_naive,
+    launch_v0,
+    new_out,
+    num_sms,
+    table_args,
+)
 from reference import cuda as rcuda
-from reference.checks import check_int
-from reference.errors import DeviceMismatchError, UnsupportedConfigError
+from reference.checks import (  # noqa: F401
+    check_array,
+    check_int,
+    check_on_cuda,
+    check_scale,
+    debug_enabled,
+    dtype_name,
+)
+from reference.errors import UnsupportedConfigError
 from reference.layout import num_blocks_for
 
-#: The ``.cu`` files sit beside this loader (a mutant copy of the folder carries its own).
+#: The ``.cu`` files you write sit beside this loader (a mutant copy of the folder carries its
+#: own); the given decode_naive.cu and decode_common.cuh are in labs/lab04_decode_kernels/.
 KERNEL_DIR = Path(__file__).resolve().parent
 
-SUPPORTED_HEAD_SIZES = (64, 128, 256)
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)
-SUPPORTED_DTYPES = ("float16", "bfloat16")
-_CUDA_TYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
-
-#: ``PAGEDLAB_DEBUG=1`` (or ``debug=True``) turns on the checks that read device memory.
-DEBUG_ENV = "PAGEDLAB_DEBUG"
-
-#: Threads per CTA of v0..v4 (the naive kernel uses one thread per element instead).
-NUM_THREADS = 128
-#: v0 keeps one float score per token of the block table in shared memory.
-V0_MAX_TOKENS = 32768
-#: The GQA kernels hold at most this many query heads per CTA (registers).
-MAX_HEADS_PER_CTA = 8
-#: Overrides of v4's compile-time configuration for tuning sweeps (``pagedlab bench decode``):
-#: keys ``NUM_WARPS``, ``VECS_PER_LANE`` (-D options of decode_v4.cu) and ``MAX_HEADS_PER_CTA``.
-#: Empty: the defaults written in the kernel.
-V4_TUNING: dict[str, int] = {}
-#: Head sizes the tensor-core kernel (v5) has code for.
-V5_HEAD_SIZES = (64, 128)
-#: v6: head sizes it has code for, the most query heads a CTA serves (one m16 tile), the depth
-#: of each warp's cp.async ring, and overrides for tuning sweeps (``NUM_WARPS``, ``NUM_STAGES``,
-#: ``MAX_HEADS_PER_CTA``).
-V6_HEAD_SIZES = (64, 128)
-V6_MAX_HEADS_PER_CTA = 16
-V6_NUM_STAGES = 3
-V6_TUNING: dict[str, int] = {}
 #: paged_attention picks v6 from this group size up (and v4 below it, or for head size 256).
 V6_MIN_GROUP = 1
-#: v6 stages a partition's block ids too, but its shared-memory table is sized for this many
-#: tokens, so its partitions may be longer than v4's.
-V6_MAX_PARTITION_SIZE = 4096
-#: v6's plan aims at one CTA per SM: each CTA keeps NUM_WARPS * (NUM_STAGES - 1) tiles in flight,
-#: and measured (H100, 2026-11-22) splitting further only added reduce traffic and tail effects:
-#: on V, 2 x 2048 tokens ran at 86 % of the copy ceiling, 16 x 256 at 77 %.
-V6_TARGET_CTAS_PER_SM = 1
-
-#: Split-K plan: partitions are multiples of PARTITION_ALIGN tokens, at most MAX_PARTITION_SIZE
-#: (v4 stages a partition's block ids in shared memory), and there are enough of them for
-#: TARGET_CTAS_PER_SM CTAs per SM. A forced plan needs only a multiple of PARTITION_MULTIPLE.
-PARTITION_ALIGN = 256
-MAX_PARTITION_SIZE = 1024
-PARTITION_MULTIPLE = 64
-TARGET_CTAS_PER_SM = 4
-
-
-@dataclass(frozen=True)
-class DecodeShape:
-    """Sizes of one decode batch, read off the input shapes (no device memory is read).
-
-    Attributes:
-        num_seqs: sequences (one query token each).
-        num_q_heads: query heads.
-        num_kv_heads: KV heads; ``num_q_heads`` is a multiple of it.
-        head_size: elements per head vector.
-        num_blocks: physical blocks in the cache.
-        block_size: tokens per block.
-        max_blocks_per_seq: block-table width.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-        scale: the softmax scale actually used.
-    """
-
-    num_seqs: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    num_blocks: int
-    block_size: int
-    max_blocks_per_seq: int
-    dtype: str
-    scale: float
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head (1: multi-head attention)."""
-        return self.num_q_heads // self.num_kv_heads
-
-    @property
-    def table_tokens(self) -> int:
-        """Tokens a block-table row can address: ``max_blocks_per_seq * block_size``."""
-        return self.max_blocks_per_seq * self.block_size
-
-
-@dataclass(frozen=True)
-class SplitKVPlan:
-    """How split-K cuts every context: partition ``p`` holds tokens
-    ``[p * partition_size, (p + 1) * partition_size)``.
-
-    Attributes:
-        num_partitions: partitions of the longest context (the grid's z extent).
-        partition_size: tokens per partition.
-    """
-
-    num_partitions: int
-    partition_size: int
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _dtype_name(x) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
-def _as_tensor(name: str, x):
-    """A torch view of a torch tensor or CuPy array; TypeError naming ``name`` otherwise."""
-    try:
-        return rcuda.as_torch(x)
-    except TypeError:
-        raise TypeError(f"{name} must be a torch tensor or a CuPy array, got {type(x).__name__}") from None
-
-
-def _check_tensor(name: str, x, ndim: int, dtypes: tuple[str, ...]) -> None:
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if _dtype_name(x) not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {_dtype_name(x)}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {tuple(x.stride())} "
-                         "(call .contiguous() first: the kernels compute addresses from the shape)")
-
-
-def debug_enabled(debug: bool | None = None) -> bool:
-    """Whether the value checks that read device memory run (``debug`` wins over the env)."""
-    if debug is not None:
-        return bool(debug)
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
 
 
 def check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
@@ -190,7 +115,7 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
         out: [num_seqs, num_q_heads, head_size] like ``query``, or None.
         max_context_len: a bound on every context length the caller promises, or None.
         debug: run the value checks on device tensors (None: ``PAGEDLAB_DEBUG``).
-        check_device: end with :func:`check_on_cuda`; a launcher with checks of its own passes
+        check_device: end with ``check_on_cuda``; a launcher with checks of its own passes
             False and calls it after them, so the device is still checked last.
 
     Returns:
@@ -205,33 +130,15 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
         DeviceMismatchError: not every tensor is on one CUDA device.
     """
     # TODO(lab4.0): the launcher contract. In this order:
-    #  1. structure: every argument a tensor (_as_tensor), ranks / dtypes / contiguity
-    #     (_check_tensor), shapes that agree, supported head and block sizes
+    #  1. structure: every argument a tensor (as_tensor), ranks / dtypes / contiguity
+    #     (check_array), shapes that agree, supported head and block sizes
     #     (UnsupportedConfigError), an ``out`` like query, q / caches / out starting on a
     #     16-byte boundary (the kernels load 16 bytes at a time), a finite scale > 0 (default
-    #     1/sqrt(head_size)), max_context_len an int >= 0;
+    #     1/sqrt(head_size); check_scale), max_context_len an int >= 0 (check_int);
     #  2. values, only for CPU tensors or when debug_enabled(debug): _check_values(...);
     #  3. the device, last and only if check_device: check_on_cuda(...).
     # Return (DecodeShape(...), (q, k, v, bt, cl, o)).
     raise NotImplementedError("TODO(lab4.0): check_decode_args — validate everything before launch")
-
-
-def check_on_cuda(**tensors) -> None:
-    """The last check: every tensor (None skipped) on the first one's CUDA device.
-
-    Raises:
-        DeviceMismatchError: naming the first tensor on another device, or saying that the
-            tensors are not on a CUDA device at all.
-    """
-    named = [(name, t) for name, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    for name, t in named[1:]:
-        if t.device != first.device:
-            raise DeviceMismatchError(f"{name} is on {t.device} but {first_name} is on "
-                                      f"{first.device}: every tensor must be on one CUDA device")
-    if first.device.type != "cuda":
-        raise DeviceMismatchError(f"{first_name} is on {first.device}: the decode kernels need "
-                                  "CUDA tensors (every check before this one passed)")
 
 
 def _check_values(shape: DecodeShape, bt, cl, max_context_len: int | None) -> None:
@@ -243,26 +150,7 @@ def _check_values(shape: DecodeShape, bt, cl, max_context_len: int | None) -> No
     raise NotImplementedError("TODO(lab4.0): _check_values — block ids and context lengths")
 
 
-# ----------------------------------------------------------------------------- plumbing
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(file: str, name: str, options: tuple[str, ...]):
-    return rcuda.get_kernel(KERNEL_DIR / file, name, options=options)
-
-
-def _options(shape: DecodeShape, **defines) -> tuple[str, ...]:
-    """The -D options of one kernel configuration (one compiled module each)."""
-    opts = [f"-DSCALAR_T={_CUDA_TYPE[shape.dtype]}", f"-DHEAD_SIZE={shape.head_size}",
-            f"-DBLOCK_SIZE={shape.block_size}"]
-    return tuple(opts + [f"-D{k}={v}" for k, v in sorted(defines.items())])
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+# ----------------------------------------------------------------------------- GQA
 
 
 def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:
@@ -280,26 +168,12 @@ def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:
     raise NotImplementedError("TODO(lab4.2): heads_per_cta — how many query heads share a CTA")
 
 
-def _new_out(shape: DecodeShape, q, out):
-    import torch
-
-    return out if out is not None else torch.empty_like(q)
-
-
-def _finish(result, query):
-    return rcuda.like_input(result, query)
-
-
-def _scalars(shape: DecodeShape):
-    return np.int32(shape.max_blocks_per_seq), np.int32(shape.num_kv_heads)
-
-
 # ----------------------------------------------------------------------------- naive and v0
 
 
 def paged_attention_naive(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
                           out=None, debug=None):
-    """The baseline: the seed's per-(token, head) kernel (decode_naive.cu).
+    """The baseline: the seed's per-(token, head) kernel (decode_naive.cu, given).
 
     Args:
         query: [num_seqs, num_q_heads, head_size]
@@ -314,15 +188,9 @@ def paged_attention_naive(query, key_cache, value_cache, block_tables, context_l
     Returns:
         [num_seqs, num_q_heads, head_size], the caller's kind (torch or CuPy).
     """
-    shape, (q, k, v, bt, cl, out) = check_decode_args(query, key_cache, value_cache, block_tables,
-                                                      context_lens, scale, out=out, debug=debug)
-    out = _new_out(shape, q, out)
-    if shape.num_seqs:
-        kernel = _kernel("decode_naive.cu", "paged_decode_naive", _options(shape))
-        rcuda.launch(kernel, (shape.num_seqs, shape.num_q_heads), (shape.head_size,),
-                     (rcuda.ptr(out), rcuda.ptr(q), rcuda.ptr(k), rcuda.ptr(v), rcuda.ptr(bt),
-                      rcuda.ptr(cl), *_scalars(shape), np.float32(shape.scale)))
-    return _finish(out, query)
+    shape, tensors = check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
+                                       scale, out=out, debug=debug)
+    return launch_naive(shape, tensors, query)
 
 
 def paged_attention_v0(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
@@ -338,21 +206,9 @@ def paged_attention_v0(query, key_cache, value_cache, block_tables, context_lens
     """
     # TODO(lab4.0): decode_v0.cu has five bugs. Fix them, then delete the next line.
     raise NotImplementedError("TODO(lab4.0): fix the five bugs of decode_v0.cu, then delete this line")
-    shape, (q, k, v, bt, cl, out) = check_decode_args(query, key_cache, value_cache, block_tables,
-                                                      context_lens, scale, out=out, debug=debug,
-                                                      check_device=False)
-    if shape.table_tokens > V0_MAX_TOKENS:
-        raise ValueError(f"block_tables addresses {shape.table_tokens} tokens per sequence; v0 "
-                         f"keeps one score per token in shared memory and allows {V0_MAX_TOKENS}")
-    check_on_cuda(query=q, key_cache=k, value_cache=v, block_tables=bt, context_lens=cl, out=out)
-    out = _new_out(shape, q, out)
-    if shape.num_seqs:
-        kernel = _kernel("decode_v0.cu", "paged_decode_v0", _options(shape))
-        smem = 4 * (shape.head_size + NUM_THREADS // 32 + shape.table_tokens)
-        rcuda.launch(kernel, (shape.num_seqs, shape.num_q_heads), (NUM_THREADS,),
-                     (rcuda.ptr(out), rcuda.ptr(q), rcuda.ptr(k), rcuda.ptr(v), rcuda.ptr(bt),
-                      rcuda.ptr(cl), *_scalars(shape), np.float32(shape.scale)), shared_mem=smem)
-    return _finish(out, query)
+    shape, tensors = check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
+                                       scale, out=out, debug=debug, check_device=False)
+    return launch_v0(KERNEL_DIR / "decode_v0.cu", shape, tensors, query)
 
 
 # ----------------------------------------------------------------------------- v1, v2
@@ -364,8 +220,10 @@ def paged_attention_v1(query, key_cache, value_cache, block_tables, context_lens
 
     Args and Returns: as :func:`paged_attention_naive`.
     """
-    # TODO(lab4.1): validate, allocate the output (or use out), launch paged_decode_v1 of
-    # decode_v1.cu on grid (num_seqs, num_q_heads) with NUM_THREADS threads, return the output.
+    # TODO(lab4.1): validate (check_decode_args), allocate the output (new_out), launch
+    # paged_decode_v1 of KERNEL_DIR / "decode_v1.cu" (get_kernel, kernel_options) on grid
+    # (num_seqs, num_q_heads) with NUM_THREADS threads — the arguments in the kernel's order,
+    # as launch_naive in _launch.py passes them — and return finish(out, query).
     raise NotImplementedError("TODO(lab4.1): paged_attention_v1 — the one-pass online-softmax kernel")
 
 
@@ -420,47 +278,48 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
     raise NotImplementedError("TODO(lab4.3): plan_split_kv — how split-K cuts the contexts")
 
 
-def _check_plan(shape: DecodeShape, plan, max_context_len, max_size: int | None) -> None:
-    """A caller's forced plan must cover the contexts in whole tiles (checked before launch)."""
-    if plan is None:
-        return
-    max_len = shape.table_tokens if max_context_len is None else int(max_context_len)
-    if not isinstance(plan, SplitKVPlan):
-        raise TypeError(f"plan must be a SplitKVPlan, got {type(plan).__name__}")
-    n, size = check_int("plan.num_partitions", plan.num_partitions, min_value=1), plan.partition_size
-    check_int("plan.partition_size", size, min_value=PARTITION_MULTIPLE)
-    if size % PARTITION_MULTIPLE or (max_size is not None and size > max_size):
-        raise ValueError(f"plan.partition_size={size} must be a multiple of {PARTITION_MULTIPLE}"
-                         + (f" and <= {max_size}" if max_size else ""))
-    if n * size < max_len:
-        raise ValueError(f"plan covers {n} x {size} tokens < max_context_len={max_len}")
+def _split_kv_launch(kernel: SplitKVKernel, query, key_cache, value_cache, block_tables,
+                     context_lens, scale=None, *, max_context_len=None, plan=None,
+                     return_lse=False, out=None, debug=None, tuning=None):
+    """v3..v6 differ only in their kernel: validate, plan, launch, merge the partitions.
 
+    Args:
+        kernel: which kernel and its limits (``V3_KERNEL`` .. ``V6_KERNEL`` of ``_launch.py``):
+            file and name, head sizes, partition cap, the plan's CTA target, default and
+            tunable -D options, dynamic shared memory.
+        query, key_cache, value_cache, block_tables, context_lens, scale, max_context_len,
+            plan, return_lse, out, debug: the public launcher's (:func:`paged_attention_v3`).
+        tuning: -D overrides for this call (:meth:`SplitKVKernel.defines_for`), or None.
 
-def _split_kv_launch(file: str, name: str, query, key_cache, value_cache, block_tables,
-                     context_lens, scale, out, debug, max_context_len, plan, return_lse,
-                     max_partition: int | None, tuning: dict | None = None,
-                     head_sizes: tuple[int, ...] = SUPPORTED_HEAD_SIZES, shared_mem=None,
-                     target_ctas_per_sm: int = TARGET_CTAS_PER_SM):
-    """v3..v6 differ only in their kernel: validate, plan, launch, reduce when split.
-
-    ``max_partition`` (None: v3, no cap of its own) is the longest partition the kernel stages:
-    it caps the plan and reaches the kernel as -DMAX_PARTITION_SIZE. ``shared_mem(shape,
-    defines)`` gives a kernel's dynamic shared memory in bytes (v6's ring);
-    ``target_ctas_per_sm`` goes to :func:`plan_split_kv`.
+    Returns:
+        The output, or ``(output, lse)`` with ``return_lse``.
     """
-    # TODO(lab4.3): check_decode_args(..., check_device=False), _check_plan, check_on_cuda, then
-    # the plan (plan_split_kv with the device's SM count, target_ctas_per_sm and max_partition as
-    # its max_partition_size — MAX_PARTITION_SIZE when None — unless one was forced),
-    # the output, an lse buffer, the partial buffers when num_partitions > 1; launch the kernel
-    # on grid (num_seqs, num_q_heads // heads_per_cta(group), num_partitions) with shared_mem's
-    # bytes of dynamic shared memory (when given), then the reduce kernel when the context was
-    # split. Defines: HEADS_PER_CTA, MAX_PARTITION_SIZE (= max_partition, when given) plus the
-    # tuning dict (its MAX_HEADS_PER_CTA caps heads_per_cta; its NUM_WARPS sets the threads).
+    # TODO(lab4.3): in this order, so that every check runs before the device check:
+    #  1. check_decode_args(..., max_context_len=..., check_device=False); a head size not in
+    #     kernel.head_sizes is an UnsupportedConfigError naming kernel.name;
+    #     check_plan(shape, plan, max_context_len, kernel.max_partition_size);
+    #     defines = kernel.defines_for(tuning); then check_on_cuda(...).
+    #  2. no forced plan: plan_split_kv for max_context_len (default shape.table_tokens) with
+    #     num_sms(device index), the block size, kernel.target_ctas_per_sm and
+    #     kernel.max_partition_size (MAX_PARTITION_SIZE when None).
+    #  3. the output (new_out) and an lse buffer [num_seqs, num_q_heads] float32 (all -inf when
+    #     num_seqs == 0, and launch nothing); when num_partitions > 1, partial buffers
+    #     m, l [num_seqs, num_q_heads, n] and acc [num_seqs, num_q_heads, n, head_size] float32
+    #     (else null pointers).
+    #  4. hpc = heads_per_cta(group, defines.pop("MAX_HEADS_PER_CTA", MAX_HEADS_PER_CTA));
+    #     threads = 32 * defines.get("NUM_WARPS", NUM_THREADS // 32); add HEADS_PER_CTA=hpc and,
+    #     when the kernel has a cap, MAX_PARTITION_SIZE to defines; launch
+    #     get_kernel(KERNEL_DIR / kernel.file, kernel.name, kernel_options(shape, **defines))
+    #     on grid (num_seqs, num_q_heads // hpc, num_partitions) with kernel.shared_mem(shape,
+    #     defines) bytes of dynamic shared memory (0 when None).
+    #  5. split: paged_decode_reduce of decode_reduce.cu on grid (num_seqs, num_q_heads), 32
+    #     threads. Return finish(out, query), and finish(lse, query) too with return_lse.
     raise NotImplementedError("TODO(lab4.3): _split_kv_launch — split-K plan, kernel and merge")
 
 
 def paged_attention_v3(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
-                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None,
+                       tuning: Mapping[str, int] | None = None):
     """Task 4.3: split-K (flash-decoding): v2 per partition, then decode_reduce.cu.
 
     Args:
@@ -471,62 +330,61 @@ def paged_attention_v3(query, key_cache, value_cache, block_tables, context_lens
         plan: a :class:`SplitKVPlan` to use instead of :func:`plan_split_kv`'s.
         return_lse: also return the log-sum-exp, [num_seqs, num_q_heads] float32 (natural log;
             -inf for an empty sequence).
+        tuning: compile-time overrides for this call (``{"NUM_WARPS": 8}``, ...): only the
+            names the kernel's ``tunable`` lists (v3: none; v4: NUM_WARPS, VECS_PER_LANE,
+            MAX_HEADS_PER_CTA; v6: NUM_WARPS, NUM_STAGES, MAX_HEADS_PER_CTA). For sweeps
+            (``pagedlab bench decode --variants``); None: the kernel's defaults.
 
     Returns:
         The output, or ``(output, lse)`` with ``return_lse``.
     """
-    return _split_kv_launch("decode_v3.cu", "paged_decode_v3", query, key_cache, value_cache,
-                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
-                            return_lse, None)
+    return _split_kv_launch(V3_KERNEL, query, key_cache, value_cache, block_tables, context_lens,
+                            scale, max_context_len=max_context_len, plan=plan,
+                            return_lse=return_lse, out=out, debug=debug, tuning=tuning)
 
 
 def paged_attention_v4(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
-                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None,
+                       tuning: Mapping[str, int] | None = None):
     """Task 4.4: the fast kernel — v3's split-K with 16-byte loads and tiles in flight.
 
     Args and Returns: as :func:`paged_attention_v3`; a forced ``plan`` must keep
     ``partition_size <= MAX_PARTITION_SIZE`` (the kernel stages a partition's block ids).
     """
     # TODO(lab4.4): write the kernel of decode_v4.cu, then delete the next line (the launcher is
-    # v3's: only the kernel and the partition cap differ).
+    # v3's: only the kernel description differs).
     raise NotImplementedError("TODO(lab4.4): paged_attention_v4 — write decode_v4.cu's kernel")
-    return _split_kv_launch("decode_v4.cu", "paged_decode_v4", query, key_cache, value_cache,
-                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
-                            return_lse, MAX_PARTITION_SIZE, V4_TUNING)
+    return _split_kv_launch(V4_KERNEL, query, key_cache, value_cache, block_tables, context_lens,
+                            scale, max_context_len=max_context_len, plan=plan,
+                            return_lse=return_lse, out=out, debug=debug, tuning=tuning)
 
 
 def paged_attention_v5(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
-                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None,
+                       tuning: Mapping[str, int] | None = None):
     """Task 4.5: v4 with both matrix products on tensor cores (mma.sync m16n8k16, fp32 accumulate).
 
     Args and Returns: as :func:`paged_attention_v4`; head sizes 64 and 128 only.
     """
     # TODO(lab4.5): write the kernel of decode_v5.cu, then delete the next line.
     raise NotImplementedError("TODO(lab4.5): paged_attention_v5 — write decode_v5.cu's kernel")
-    return _split_kv_launch("decode_v5.cu", "paged_decode_v5", query, key_cache, value_cache,
-                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
-                            return_lse, MAX_PARTITION_SIZE, None, V5_HEAD_SIZES)
-
-
-def _v6_ring_bytes(shape: DecodeShape, defines: dict) -> int:
-    """v6's dynamic shared memory: per warp, NUM_STAGES slots of a 16-token K tile and V tile."""
-    num_warps = defines.get("NUM_WARPS", NUM_THREADS // 32)
-    return num_warps * defines["NUM_STAGES"] * 2 * 16 * shape.head_size * 2
+    return _split_kv_launch(V5_KERNEL, query, key_cache, value_cache, block_tables, context_lens,
+                            scale, max_context_len=max_context_len, plan=plan,
+                            return_lse=return_lse, out=out, debug=debug, tuning=tuning)
 
 
 def paged_attention_v6(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
-                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
+                       max_context_len=None, plan=None, return_lse=False, out=None, debug=None,
+                       tuning: Mapping[str, int] | None = None):
     """Task 4.6: v5's tensor-core math fed by a cp.async pipeline through shared memory.
 
     Args and Returns: as :func:`paged_attention_v4`; head sizes 64 and 128 only.
     """
     # TODO(lab4.6): write the kernel of decode_v6.cu, then delete the next line.
     raise NotImplementedError("TODO(lab4.6): paged_attention_v6 — write decode_v6.cu's kernel")
-    tuning = {"MAX_HEADS_PER_CTA": V6_MAX_HEADS_PER_CTA, "NUM_STAGES": V6_NUM_STAGES, **V6_TUNING}
-    return _split_kv_launch("decode_v6.cu", "paged_decode_v6", query, key_cache, value_cache,
-                            block_tables, context_lens, scale, out, debug, max_context_len, plan,
-                            return_lse, V6_MAX_PARTITION_SIZE, tuning, V6_HEAD_SIZES,
-                            _v6_ring_bytes, V6_TARGET_CTAS_PER_SM)
+    return _split_kv_launch(V6_KERNEL, query, key_cache, value_cache, block_tables, context_lens,
+                            scale, max_context_len=max_context_len, plan=plan,
+                            return_lse=return_lse, out=out, debug=debug, tuning=tuning)
 
 
 def _prefers_v6(query, key_cache) -> bool:

@@ -1,4 +1,4 @@
-"""Lab 4, GPU part: v1..v4 compute the decode step exactly as the float64 oracle does.
+"""Lab 4, GPU part: v1..v6 and the dispatching paged_attention compute the decode step exactly as the float64 oracle does.
 
 Every case uses NaN-poisoned caches (unused blocks, rows past each sequence's end) and, where
 the test says so, a NaN-filled output buffer. Tolerance: see ``_cases.py`` (relative error

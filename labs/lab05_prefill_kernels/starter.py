@@ -16,168 +16,58 @@ Every launcher has one shape (the CuPy gemm example's, and Lab 4's)::
     allocate out -> launch on the current torch stream -> return out
 
 so every mistake in the input is reported before anything runs, and every check except the
-last can be graded on a machine without a GPU.
+last can be graded on a machine without a GPU. The plumbing is given, in protected files this
+module imports: ``_launch.py`` (tile shapes, ``PrefillShapes``, ``TilePlan``, ``TcTiling``,
+``kernel_tiling``, ``check_plan_fits``, ``check_block_ids``, ``check_launch`` — the checks after
+the plan — and launch helpers) and ``reference/checks.py`` (the array, scale and device checks
+Lab 4 shares); ``prefill_common.cuh`` is given too.
 
 Your tasks are marked ``TODO(lab5.k)``; ``LAB_IMPL=starter pagedlab grade 5`` lists the ones left.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from reference.cuda import as_torch, get_kernel, is_cupy, launch, like_input, ptr
-from reference.errors import DeviceMismatchError, UnsupportedConfigError
-from reference.layout import num_blocks_for
+from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: tests, benchmark)
+    ALIGN,
+    DTYPE_TAG,
+    KERNEL_DTYPES,
+    SUPPORTED_BLOCK_SIZES,
+    SUPPORTED_HEAD_SIZES,
+    TC_BLOCK_N,
+    TC_ROWS_PER_WARP,
+    TC_TILING,
+    TC_WARPS,
+    TILED_BLOCK_M,
+    TILED_BLOCK_N,
+    TILED_THREADS,
+    PrefillShapes,
+    TcTiling,
+    TilePlan,
+    check_block_ids,
+    check_launch,
+    check_plan_fits,
+    common_args,
+    data_ptr,
+    device_of,
+    host_ints,
+    kernel_tiling,
+    scalars,
+    tiled_shared_bytes,
+)
+from reference.checks import check_array, check_on_cuda, check_scale, dtype_name  # noqa: F401
+from reference.cuda import as_torch, get_kernel, launch, like_input, ptr  # noqa: F401
+from reference.errors import UnsupportedConfigError
 
-#: The ``.cu`` files sit beside this loader (a mutant copy of the folder carries its own).
+#: The ``.cu`` files you write sit beside this loader (a mutant copy of the folder carries its
+#: own); the given prefill_common.cuh is in labs/lab05_prefill_kernels/.
 KERNEL_DIR = Path(__file__).resolve().parent
-
-SUPPORTED_HEAD_SIZES = (64, 128)
-#: Powers of two: the tensor-core kernel splits a position into (block, slot) with a shift.
-SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64, 128)
-#: Which element types each kernel has code for.
-KERNEL_DTYPES = {
-    "naive": ("float32", "float16", "bfloat16"),
-    "tiled": ("float32", "float16", "bfloat16"),
-    "tc": ("float16", "bfloat16"),  # mma.sync m16n8k16 takes 16-bit operands
-}
-#: Tile shapes, which the plan and the kernels must agree on.
-TILED_BLOCK_M, TILED_BLOCK_N, TILED_THREADS = 64, 64, 128
-#: Tensor-core CTA: TC_WARPS warps of TC_ROWS_PER_WARP rows (16 or 32: one or two m16 tiles).
-TC_WARPS, TC_ROWS_PER_WARP, TC_BLOCK_N = 4, 32, 64
-
-#: ``PAGEDLAB_DEBUG=1`` turns on the checks that read device memory (block ids in range).
-DEBUG_ENV = "PAGEDLAB_DEBUG"
-
-_DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-_ALIGN = 16  # the kernels load 16 bytes at a time
-
-
-@dataclass(frozen=True)
-class PrefillShapes:
-    """Sizes of one prefill batch, read off the input shapes (no device memory is read).
-
-    Attributes:
-        num_tokens: packed query tokens (all sequences).
-        num_q_heads: query heads.
-        num_kv_heads: KV heads; ``num_q_heads`` is a multiple of it.
-        head_size: elements per head vector.
-        num_blocks: physical blocks in the cache.
-        block_size: tokens per block.
-        num_seqs: sequences in the batch.
-        max_blocks_per_seq: block-table width.
-        dtype: element type name (``"float16"``, ``"bfloat16"`` or ``"float32"``).
-    """
-
-    num_tokens: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    num_blocks: int
-    block_size: int
-    num_seqs: int
-    max_blocks_per_seq: int
-    dtype: str
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head (1: multi-head, num_q_heads: multi-query)."""
-        return self.num_q_heads // self.num_kv_heads
-
-
-@dataclass
-class TilePlan:
-    """The grid of a tiled prefill kernel: which query tile each CTA computes, heaviest first.
-
-    A *row* is one (query token, query head) pair of a sequence. With ``rows_per_token = g``
-    (the tensor-core kernel stacks a GQA group's g query heads), sequence ``s`` has
-    ``q_len[s] * g`` rows, row ``r`` being token ``r // g`` and head-in-group ``r % g``; it is
-    cut into tiles of ``block_m`` rows. One CTA per (tile, head) then runs over the KV tiles of
-    ``block_n`` keys its rows may see.
-
-    Attributes:
-        work: [num_work, 2] int32, (seq_idx, row_start) per tile, heaviest first.
-        num_kv_tiles: [num_work] int32, KV tiles each tile visits (causal: up to its last row's
-            diagonal; otherwise the whole context).
-        cu_seqlens_q: [num_seqs + 1] int64, validated host copy.
-        context_lens: [num_seqs] int64, validated host copy.
-        rows_per_token: query rows per token (1, or the GQA group).
-        block_m: rows per tile.
-        block_n: keys per KV tile.
-        causal: whether the plan skips tiles above the diagonal.
-    """
-
-    work: np.ndarray
-    num_kv_tiles: np.ndarray
-    cu_seqlens_q: np.ndarray
-    context_lens: np.ndarray
-    rows_per_token: int
-    block_m: int
-    block_n: int
-    causal: bool
-    _device_work: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def num_tokens(self) -> int:
-        """Packed query tokens the plan covers (``cu_seqlens_q[-1]``)."""
-        return int(self.cu_seqlens_q[-1])
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.context_lens)
-
-    @property
-    def max_context_len(self) -> int:
-        return int(self.context_lens.max(initial=0))
-
-    def device_work(self, device):
-        """Returns ``work`` as an int32 torch tensor on ``device`` (uploaded once, then cached)."""
-        import torch
-
-        key = str(device)
-        if key not in self._device_work:
-            self._device_work[key] = torch.from_numpy(np.ascontiguousarray(self.work)).to(device)
-        return self._device_work[key]
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _kind_ok(x) -> bool:
-    return hasattr(x, "data_ptr") or is_cupy(x)
-
-
-def _dtype_name(x) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
-def _is_contiguous(x) -> bool:
-    if hasattr(x, "is_contiguous"):
-        return x.is_contiguous()
-    return bool(x.flags.c_contiguous)
-
-
-def _data_ptr(x) -> int:
-    return int(x.data_ptr()) if hasattr(x, "data_ptr") else int(x.data.ptr)
-
-
-def _check_array(name: str, x, ndim: int, dtypes: tuple[str, ...]) -> None:
-    """Type, rank, dtype and contiguity of one argument; errors name it."""
-    if not _kind_ok(x):
-        raise TypeError(f"{name} must be a torch tensor or a CuPy array, got {type(x).__name__}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if _dtype_name(x) not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {_dtype_name(x)}")
-    if not _is_contiguous(x):
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 
 
 def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
@@ -213,26 +103,15 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     #   * query [T, Hq, D], key_cache / value_cache [num_blocks, Hkv, block_size, D] (same dtype
     #     as query, same shape as each other), block_tables [num_seqs, width] int32,
     #     cu_seqlens_q [num_seqs + 1] int32, context_lens [num_seqs] int32 — each a torch tensor
-    #     or CuPy array (_check_array does kind, rank, dtype, contiguity);
+    #     or CuPy array (check_array does kind, rank, dtype, contiguity);
     #   * head sizes agree; num_q_heads % num_kv_heads == 0; at least one block and one column;
     #   * head_size, block_size and dtype supported (UnsupportedConfigError);
-    #   * scale a finite float > 0; alibi_slopes None or [Hq] float32; out None or like query;
-    #   * query, caches and out start on a 16-byte boundary (_data_ptr).
+    #   * scale a finite float > 0 (check_scale); alibi_slopes None or [Hq] float32; out None
+    #     or like query;
+    #   * query, caches and out start on a 16-byte boundary (data_ptr).
     # Read no values and do not look at the device: that comes later, so all of this is
     # testable with CPU tensors.
     raise NotImplementedError("TODO(lab5.1): check_prefill_inputs — shapes, dtypes, sizes, names")
-
-
-def _host_ints(name: str, x) -> np.ndarray:
-    """A host int64 copy of a small 1-D integer array (torch, CuPy, NumPy or a list)."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    elif is_cupy(x):
-        x = x.get()
-    arr = np.asarray(x)
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
-    return arr.astype(np.int64)
 
 
 def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, block_m: int = 64,
@@ -258,7 +137,7 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         ValueError: bad values, naming ``cu_seqlens_q`` or ``context_lens`` and the first bad
             sequence.
     """
-    # TODO(lab5.2): read both arrays to the host (_host_ints), check len(cu) == len(ctx) + 1,
+    # TODO(lab5.2): read both arrays to the host (host_ints), check len(cu) == len(ctx) + 1,
     # cu[0] == 0, no negative query length, context_lens >= query length (ValueError naming the
     # array and the first bad sequence). Then for each sequence with q_len > 0: num_rows =
     # q_len * rows_per_token; a tile every block_m rows (the last one partial); the tile's KV
@@ -267,22 +146,9 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
     raise NotImplementedError("TODO(lab5.2): plan_query_tiles — tiles, KV extents, heaviest first")
 
 
-def kernel_tiling(kernel: str, num_q_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
-    """Returns the (rows_per_token, block_m, block_n) a kernel's plan must be made with.
-
-    The naive kernel has no tiles; it takes any plan (it only uses the checked metadata).
-    """
-    if kernel == "tiled":
-        return 1, TILED_BLOCK_M, TILED_BLOCK_N
-    if kernel == "tc":
-        return num_q_heads // num_kv_heads, tc_block_m(), TC_BLOCK_N
-    if kernel == "naive":
-        return 1, TILED_BLOCK_M, TILED_BLOCK_N
-    raise ValueError(f"kernel must be one of {sorted(KERNEL_DTYPES)}, got {kernel!r}")
-
-
 def plan_for_kernel(kernel: str, cu_seqlens_q, context_lens, *, num_q_heads: int,
-                    num_kv_heads: int, causal: bool = True) -> TilePlan:
+                    num_kv_heads: int, causal: bool = True,
+                    tc_tiling: TcTiling = TC_TILING) -> TilePlan:
     """Plans a batch for one kernel, to pass as ``plan=`` to many calls (plan once, run many).
 
     A launcher given a plan reads nothing back from the GPU: the values were checked here.
@@ -294,163 +160,32 @@ def plan_for_kernel(kernel: str, cu_seqlens_q, context_lens, *, num_q_heads: int
         num_q_heads: query heads.
         num_kv_heads: KV heads.
         causal: the masking the calls will use.
+        tc_tiling: the tensor-core kernel's CTA shape the calls will use (``"tc"`` only).
 
     Returns:
         The plan.
     """
-    rows_per_token, block_m, block_n = kernel_tiling(kernel, num_q_heads, num_kv_heads)
+    rows_per_token, block_m, block_n = kernel_tiling(kernel, num_q_heads, num_kv_heads,
+                                                     tc_tiling=tc_tiling)
     return plan_query_tiles(cu_seqlens_q, context_lens, rows_per_token=rows_per_token,
                             block_m=block_m, block_n=block_n, causal=causal)
 
 
-def check_plan_fits(plan: TilePlan, shapes: PrefillShapes, *, rows_per_token: int | None,
-                    block_m: int | None, block_n: int | None, causal: bool) -> None:
-    """Checks that a plan belongs to this batch and kernel, and that the table holds the context.
-
-    Args:
-        plan: from :func:`plan_query_tiles`.
-        shapes: from :func:`check_prefill_inputs`.
-        rows_per_token: what the kernel needs (None: any, for the naive kernel).
-        block_m: rows per tile the kernel computes (None: any).
-        block_n: keys per KV tile the kernel uses (None: any).
-        causal: the call's masking.
-
-    Raises:
-        ValueError: naming ``cu_seqlens_q``, ``context_lens`` or ``plan``.
-    """
-    if plan.num_seqs != shapes.num_seqs:
-        raise ValueError(f"plan has {plan.num_seqs} sequences, block_tables has {shapes.num_seqs}")
-    if plan.num_tokens != shapes.num_tokens:
-        raise ValueError(f"cu_seqlens_q[-1]={plan.num_tokens} but query has {shapes.num_tokens} "
-                         f"tokens: cu_seqlens_q does not match query")
-    capacity = shapes.max_blocks_per_seq * shapes.block_size
-    if plan.max_context_len > capacity:
-        s = int(np.argmax(plan.context_lens > capacity))
-        raise ValueError(f"context_lens[{s}]={plan.context_lens[s]} needs "
-                         f"{num_blocks_for(int(plan.context_lens[s]), shapes.block_size)} blocks "
-                         f"but block_tables has {shapes.max_blocks_per_seq} columns: the history "
-                         f"is longer than the cache holds")
-    expected = {"rows_per_token": rows_per_token, "block_m": block_m, "block_n": block_n}
-    for key, want in expected.items():
-        if want is not None and getattr(plan, key) != want:
-            raise ValueError(f"plan was made with {key}={getattr(plan, key)}, this kernel needs "
-                             f"{want}")
-    if plan.causal != bool(causal):
-        raise ValueError(f"plan was made with causal={plan.causal}, the call has causal={causal}")
-
-
-def check_block_ids(block_tables, plan: TilePlan, num_blocks: int, block_size: int) -> None:
-    """Checks every block id the kernels will read: ``0 <= id < num_blocks``.
-
-    Reads block_tables to the host, so launchers run it only when debugging (``debug=True`` or
-    ``PAGEDLAB_DEBUG=1``) or when the inputs are on the CPU anyway.
-
-    Raises:
-        IndexError: naming the first bad ``block_tables[seq, j]``.
-    """
-    table = _host_table(block_tables)
-    for s, kv_len in enumerate(plan.context_lens.tolist()):
-        used = table[s, : num_blocks_for(kv_len, block_size)]
-        bad = np.flatnonzero((used < 0) | (used >= num_blocks))
-        if bad.size:
-            j = int(bad[0])
-            raise IndexError(f"block_tables[{s}, {j}]={used[j]} is not a block id in "
-                             f"[0, {num_blocks}) but sequence {s} (context_lens={kv_len}) reads it")
-
-
-def _host_table(x) -> np.ndarray:
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return x.get() if is_cupy(x) else np.asarray(x)
-
-
-def check_on_cuda(**arrays) -> None:
-    """Checks (last) that every given array is on the same CUDA device.
-
-    Raises:
-        DeviceMismatchError: naming the first array on the CPU or on another GPU.
-    """
-    device = None
-    for name, x in arrays.items():
-        if x is None:
-            continue
-        if hasattr(x, "device") and hasattr(x, "data_ptr"):
-            here = (x.device.type, x.device.index)
-        else:  # CuPy arrays always live on a GPU
-            here = ("cuda", int(x.device.id))
-        if here[0] != "cuda":
-            raise DeviceMismatchError(f"{name} is on {here[0]}: the kernel needs CUDA tensors "
-                                      f"(or CuPy arrays), all on one GPU")
-        if device is None:
-            device = (name, here)
-        elif here != device[1]:
-            raise DeviceMismatchError(f"{name} is on cuda:{here[1]} but {device[0]} is on "
-                                      f"cuda:{device[1][1]}: all inputs must be on one GPU")
-
-
-def _debug(debug: bool | None) -> bool:
-    if debug is not None:
-        return bool(debug)
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
-
-
-def _on_cpu(x) -> bool:
-    return hasattr(x, "device") and hasattr(x, "data_ptr") and x.device.type == "cpu"
-
-
 def _prepare(kernel, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
-             scale, alibi_slopes, causal, out, plan, debug):
+             scale, alibi_slopes, causal, out, plan, debug, tc_tiling=TC_TILING):
     """The validation sequence every launcher runs; returns (shapes, plan, out as torch)."""
     shapes = check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens_q,
                                   context_lens, scale, kernel=kernel, alibi_slopes=alibi_slopes,
                                   out=out)
     if plan is None:
         plan = plan_for_kernel(kernel, cu_seqlens_q, context_lens, num_q_heads=shapes.num_q_heads,
-                               num_kv_heads=shapes.num_kv_heads, causal=causal)
-    if kernel == "naive":  # no tiles: any plan of this batch will do
-        check_plan_fits(plan, shapes, rows_per_token=None, block_m=None, block_n=None,
-                        causal=causal)
-    else:
-        rows_per_token, block_m, block_n = kernel_tiling(kernel, shapes.num_q_heads,
-                                                         shapes.num_kv_heads)
-        check_plan_fits(plan, shapes, rows_per_token=rows_per_token, block_m=block_m,
-                        block_n=block_n, causal=causal)
-    if _debug(debug) or _on_cpu(block_tables):
-        check_block_ids(block_tables, plan, shapes.num_blocks, shapes.block_size)
-    check_on_cuda(query=query, key_cache=key_cache, value_cache=value_cache,
-                  block_tables=block_tables, cu_seqlens_q=cu_seqlens_q, context_lens=context_lens,
-                  alibi_slopes=alibi_slopes, out=out)
-    q = as_torch(query)
-    out_t = as_torch(out) if out is not None else _empty_like(q)
+                               num_kv_heads=shapes.num_kv_heads, causal=causal, tc_tiling=tc_tiling)
+    out_t = check_launch(kernel, shapes, plan, query=query, key_cache=key_cache,
+                         value_cache=value_cache, block_tables=block_tables,
+                         cu_seqlens_q=cu_seqlens_q, context_lens=context_lens,
+                         alibi_slopes=alibi_slopes, causal=causal, out=out, debug=debug,
+                         tc_tiling=tc_tiling)
     return shapes, plan, out_t
-
-
-def _empty_like(q):
-    import torch
-
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-@contextlib.contextmanager
-def _device_of(q):
-    """Makes the tensor's GPU current for torch (stream) and CuPy (module load, launch)."""
-    import cupy
-    import torch
-
-    with torch.cuda.device(q.device), cupy.cuda.Device(q.device.index):
-        yield
-
-
-def _common_args(out, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
-                 alibi_slopes):
-    return [ptr(out), ptr(query), ptr(key_cache), ptr(value_cache), ptr(block_tables),
-            ptr(cu_seqlens_q), ptr(context_lens),
-            np.uint64(0) if alibi_slopes is None else ptr(alibi_slopes)]
-
-
-def _scalars(scale, shapes: PrefillShapes, causal: bool):
-    return [np.float32(scale), np.int32(shapes.num_q_heads), np.int32(shapes.num_kv_heads),
-            np.int32(shapes.block_size), np.int32(shapes.max_blocks_per_seq), np.int32(bool(causal))]
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -484,20 +219,12 @@ def paged_prefill_naive(query, key_cache, value_cache, block_tables, cu_seqlens_
                                    plan, debug)
     # TODO(lab5.3): write the kernel body in prefill_naive.cu, then launch it here when
     # shapes.num_tokens > 0: get_kernel(KERNEL_DIR / "prefill_naive.cu", "prefill_naive_<tag>")
-    # (tag from _DTYPE_TAG), grid (num_tokens, num_q_heads), block (head_size,), dynamic shared
-    # memory 4 * head_size bytes, arguments in the kernel's order (_common_args, then scale,
+    # (tag from DTYPE_TAG), grid (num_tokens, num_q_heads), block (head_size,), dynamic shared
+    # memory 4 * head_size bytes, arguments in the kernel's order (common_args, then scale,
     # num_seqs, num_q_heads, num_kv_heads, block_size, max_blocks_per_seq, causal as
-    # np.float32 / np.int32), inside `with _device_of(q):` through launch() — which launches on
+    # np.float32 / np.int32), inside `with device_of(q):` through launch() — which launches on
     # torch's current stream. Return like_input(out_t, query), or `out` when one was given.
     raise NotImplementedError("TODO(lab5.3): paged_prefill_naive — launch the naive kernel")
-
-
-def tiled_shared_bytes(head_size: int, dtype: str) -> int:
-    """Dynamic shared memory of the tiled kernel: Q, K, V tiles (padded rows), S/P, 2 vectors."""
-    itemsize = _ITEMSIZE[dtype]
-    stride = head_size + 4 // itemsize
-    return (3 * 64 * stride * itemsize + TILED_BLOCK_M * (TILED_BLOCK_N + 1) * 4
-            + 2 * TILED_BLOCK_M * 4)
 
 
 def paged_prefill_tiled(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
@@ -515,36 +242,29 @@ def paged_prefill_tiled(query, key_cache, value_cache, block_tables, cu_seqlens_
     # TODO(lab5.4): write prefill_tiled.cu, then launch "prefill_tiled_<tag>_d<head_size>" with
     # grid (len(plan.work) * num_q_heads,), block (TILED_THREADS,), shared memory
     # tiled_shared_bytes(...), and the plan's work list on the GPU (plan.device_work) between
-    # the common pointers and the scalars (_scalars). Launch nothing for an empty plan.
+    # the common pointers and the scalars (scalars). Launch nothing for an empty plan.
     raise NotImplementedError("TODO(lab5.4): paged_prefill_tiled — launch the tiled kernel")
-
-
-def tc_block_m() -> int:
-    """Rows per CTA of the tensor-core kernel: TC_WARPS * TC_ROWS_PER_WARP."""
-    return TC_WARPS * TC_ROWS_PER_WARP
-
-
-def tc_shared_bytes(head_size: int) -> int:
-    """Dynamic shared memory of the tensor-core kernel: the Q tile and two stages of K and V
-    tiles, rows padded by 8 elements (16 bytes) against bank conflicts."""
-    return (tc_block_m() + 4 * TC_BLOCK_N) * (head_size + 8) * 2
 
 
 def paged_prefill_tc(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
                      scale, *, alibi_slopes=None, causal: bool = True, out=None,
-                     plan: TilePlan | None = None, debug: bool | None = None):
+                     plan: TilePlan | None = None, debug: bool | None = None,
+                     tc_tiling: TcTiling = TC_TILING):
     """Varlen paged prefill on tensor cores (mma.sync, fp16/bf16 in, fp32 accumulate).
 
-    A CTA per (tile of ``TC_WARPS * TC_ROWS_PER_WARP`` rows, KV head), a row being a (token,
-    query head) pair of the KV head's GQA group, so the group's heads share every K/V tile. The
-    plan needs ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = tc_block_m()``,
-    ``block_n = 64``. Arguments and return value as :func:`paged_prefill_naive`.
+    A CTA per (tile of ``tc_tiling.block_m`` rows, KV head), a row being a (token, query head)
+    pair of the KV head's GQA group, so the group's heads share every K/V tile. The plan needs
+    ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = tc_tiling.block_m``,
+    ``block_n = 64``. Arguments and return value as :func:`paged_prefill_naive`, and
+    ``tc_tiling``, the CTA shape (``TC_TILING``: 4 warps of 32 rows; others for tuning sweeps,
+    ``pagedlab bench prefill``; a plan passed in must have been made with the same one).
     """
     shapes, plan, out_t = _prepare("tc", query, key_cache, value_cache, block_tables,
                                    cu_seqlens_q, context_lens, scale, alibi_slopes, causal, out,
-                                   plan, debug)
-    # TODO(lab5.5): write prefill_tc.cu, then launch
-    # "prefill_tc_<tag>_d<head_size>_w<TC_WARPS>_r<TC_ROWS_PER_WARP>" with grid
-    # (len(plan.work) * num_kv_heads,) — one CTA per (row tile, KV head) —, block
-    # (32 * TC_WARPS,), shared memory tc_shared_bytes(head_size), arguments as the tiled kernel.
+                                   plan, debug, tc_tiling)
+    # TODO(lab5.5): write prefill_tc.cu, then launch the kernel named
+    # tc_tiling.kernel_name(dtype, head_size) ("prefill_tc_<tag>_d<head_size>_w<warps>_r<rows>")
+    # with grid (len(plan.work) * num_kv_heads,) — one CTA per (row tile, KV head) —, block
+    # (32 * tc_tiling.warps,), shared memory tc_tiling.shared_bytes(head_size), arguments as
+    # the tiled kernel.
     raise NotImplementedError("TODO(lab5.5): paged_prefill_tc — launch the tensor-core kernel")

@@ -17,7 +17,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+from fractions import Fraction
 from pathlib import Path
+
+from reference.grader.results import TestResult, points_float
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "classroom.yml"
 
@@ -27,7 +30,7 @@ def runner_id(lab: str) -> str:
     return lab.split("_", 1)[0]
 
 
-def classroom_result(records: list[dict], max_score: float | None = None,
+def classroom_result(records: list[TestResult], max_score: Fraction | float | None = None,
                      error: str | None = None) -> dict:
     """Builds one runner's result in the Classroom reporter's format.
 
@@ -43,38 +46,40 @@ def classroom_result(records: list[dict], max_score: float | None = None,
     Returns:
         The result dict (see the module docstring).
     """
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[TestResult]] = {}
     for rec in records:
-        groups.setdefault(rec["nodeid"].split("[")[0], []).append(rec)
+        groups.setdefault(rec.nodeid.split("[")[0], []).append(rec)
     tests = []
     for key, cases in groups.items():
-        passed = [c for c in cases if c["outcome"] == "passed"]
-        failed = [c for c in cases if c["outcome"] != "passed"]
-        points = round(sum(c["points"] for c in cases), 4)
+        passed = [c for c in cases if c.passed]
+        failed = [c for c in cases if not c.passed]
+        points = sum((c.points for c in cases), Fraction(0))
+        earned = sum((c.points for c in passed), Fraction(0))
         message = ""
         if failed:
-            message = failed[0].get("message", "")[:1000]
+            message = failed[0].message[:1000]
             if len(cases) > 1:
                 message = f"{len(failed)} of {len(cases)} cases failed; first: {message}"
         tests.append({
             "name": key.split("::", 1)[-1],
             "status": "pass" if not failed else "fail",
-            "score": points if not failed else round(points * len(passed) / len(cases), 2),
+            "score": points_float(earned),
             "message": message,
             "test_code": "",
             "filename": key.split("::", 1)[0],
             "line_no": 0,
-            "duration": int(1000 * sum(c.get("duration_s", 0.0) for c in cases)),
+            "duration": int(1000 * sum(c.duration_s for c in cases)),
         })
     if max_score is None:
-        max_score = sum(rec["points"] for rec in records)
+        max_score = sum((rec.points for rec in records), Fraction(0))
     if error:
         status = "error"
         tests.append({"name": "grading", "status": "error", "score": 0, "message": error[:2000],
                       "test_code": "", "filename": "", "line_no": 0, "duration": 0})
     else:
         status = "pass" if tests and all(t["status"] == "pass" for t in tests) else "fail"
-    return {"version": 1, "status": status, "max_score": round(max_score, 4), "tests": tests}
+    return {"version": 1, "status": status, "max_score": points_float(Fraction(max_score)),
+            "tests": tests}
 
 
 def encode_result(result: dict) -> str:

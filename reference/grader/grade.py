@@ -29,6 +29,7 @@ from reference.loader import LabImplError, impl_name
 from reference.grader.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
 from reference.paths import REPO_ROOT, lab_names, resolve_labs
 from reference.grader.progress import Progress
+from reference.grader.results import TestResult, points_float, total_points
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
 from reference.grader.sandbox import IsolationError
 
@@ -77,12 +78,11 @@ def _manifest(args: argparse.Namespace) -> tuple[dict | None, list[str]]:
     return manifest, []
 
 
-def _zero(records: list[dict], labs: list[str], files: list[str]) -> None:
+def _zero(records: list[TestResult], labs: list[str], files: list[str]) -> None:
     shown = ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
     for rec in records:
-        if rec["lab"] in labs and rec["outcome"] == "passed":
-            rec.update(outcome="failed", when="call", details="",
-                       message=f"scored 0: protected files changed ({shown})")
+        if rec.lab in labs and rec.passed:
+            rec.fail(f"scored 0: protected files changed ({shown})")
 
 
 def _write_outputs(args, records, implementation, notes, labs, error=None, expected=None) -> dict:
@@ -90,8 +90,8 @@ def _write_outputs(args, records, implementation, notes, labs, error=None, expec
     if error:
         results["output"] += f"\n{error}"
         if expected and not records:  # nothing ran: the maximum still stands
-            results["max_score"] = round(sum(p for lab in labs
-                                             for p in expected.get(lab, {}).values()), 4)
+            results["max_score"] = points_float(
+                total_points(p for lab in labs for p in expected.get(lab, {}).values()))
     Path(args.results).write_text(json.dumps(results, indent=1))
     summary = markdown_summary(records, implementation, notes)
     Path(args.summary).write_text(summary)
@@ -103,7 +103,7 @@ def _write_outputs(args, records, implementation, notes, labs, error=None, expec
         # run still counts its full maximum (as 0 earned), never drops out of the total.
         max_score = None
         if expected:
-            max_score = sum(p for lab in labs for p in expected.get(lab, {}).values())
+            max_score = total_points(p for lab in labs for p in expected.get(lab, {}).values())
         write_step_output(classroom_result(records, max_score, error=error))
     return results
 

@@ -1,6 +1,6 @@
 """Turns a graded pytest report into what people read: a table, Gradescope JSON, Markdown.
 
-Input records are the dicts :mod:`reference.grader.grading` writes (nodeid, lab, name, doc, points,
+Input records are :class:`~reference.grader.results.TestResult` (nodeid, lab, name, doc, points,
 outcome, when, message, details, hidden). A *hidden* test (:mod:`reference.grader.hidden`) is shown to
 students after the due date, with its failure message only; the summary always counts how many
 hidden tests failed per lab. ``notes`` are grader findings shown to everyone (tampered files,
@@ -9,10 +9,14 @@ tests that never reported, collection errors).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from reference.grader.hidden import hidden_summary, student_message
+from reference.grader.results import TestResult, points_float
+from reference.paths import LABS_DIR
 
 TODO_RE = re.compile(r"TODO\((lab\d+\.\d+)\):?\s*([^\n'\"]*)")
 
@@ -26,11 +30,11 @@ class LabRow:
     failed: int = 0
     skipped: int = 0
     total: int = 0
-    points: float = 0.0
-    max_points: float = 0.0
+    points: Fraction = Fraction(0)
+    max_points: Fraction = Fraction(0)
 
 
-def summarize(records: list[dict]) -> list[LabRow]:
+def summarize(records: list[TestResult]) -> list[LabRow]:
     """Groups test records by lab.
 
     Args:
@@ -41,21 +45,22 @@ def summarize(records: list[dict]) -> list[LabRow]:
     """
     rows: dict[str, LabRow] = {}
     for rec in records:
-        row = rows.setdefault(rec["lab"], LabRow(rec["lab"]))
+        row = rows.setdefault(rec.lab, LabRow(rec.lab))
         row.total += 1
-        row.max_points += rec["points"]
-        if rec["outcome"] == "passed":
+        row.max_points += rec.points
+        if rec.passed:
             row.passed += 1
-            row.points += rec["points"]
-        elif rec["outcome"] == "skipped":
+            row.points += rec.points
+        elif rec.skipped:
             row.skipped += 1
         else:
             row.failed += 1
     return [rows[k] for k in sorted(rows)]
 
 
-def fmt_points(x: float) -> str:
-    return f"{round(x, 2):g}"
+def fmt_points(x: Fraction | float) -> str:
+    """Points for people: exact sums print whole (281), shares to two decimals (0.33)."""
+    return f"{round(float(x), 2):g}"
 
 
 def format_table(rows: list[LabRow]) -> str:
@@ -67,8 +72,8 @@ def format_table(rows: list[LabRow]) -> str:
             f"{r.lab:<28} {f'{r.passed}/{r.total}':>9} {r.skipped:>8} "
             f"{f'{fmt_points(r.points)}/{fmt_points(r.max_points)}':>13}"
         )
-    tot_p = sum(r.points for r in rows)
-    tot_m = sum(r.max_points for r in rows)
+    tot_p = sum((r.points for r in rows), Fraction(0))
+    tot_m = sum((r.max_points for r in rows), Fraction(0))
     passed = sum(r.passed for r in rows)
     total = sum(r.total for r in rows)
     skipped = sum(r.skipped for r in rows)
@@ -80,7 +85,7 @@ def format_table(rows: list[LabRow]) -> str:
     return "\n".join(lines)
 
 
-def todos(records: list[dict]) -> list[tuple[str, str]]:
+def todos(records: list[TestResult]) -> list[tuple[str, str]]:
     """Returns the distinct ``TODO(labN.k)`` tags that failing tests hit, in task order.
 
     Args:
@@ -91,18 +96,36 @@ def todos(records: list[dict]) -> list[tuple[str, str]]:
     """
     found: dict[str, str] = {}
     for rec in records:
-        if rec["outcome"] in ("failed", "error"):
-            for tag, text in TODO_RE.findall(rec.get("message", "") + "\n" + rec.get("details", "")):
+        if rec.failed:
+            for tag, text in TODO_RE.findall(rec.message + "\n" + rec.details):
                 found.setdefault(tag, text.strip())
 
-    def key(tag: str) -> tuple[int, int]:
-        lab, task = tag.removeprefix("lab").split(".")
-        return int(lab), int(task)
-
-    return [(t, found[t]) for t in sorted(found, key=key)]
+    return [(t, found[t]) for t in sorted(found, key=task_order_key)]
 
 
-def gradescope_results(records: list[dict], implementation: str,
+def task_order_key(tag: str) -> tuple[int, int, int]:
+    """Sort key for a ``labN.k`` tag: the order the lab's handout lists its tasks in.
+
+    NOTE: a handout may ask for the tasks out of numeric order (Lab 1 starts with the free queue,
+    ``lab1.2``, which ``lab1.1``'s manager is built on); ``grade`` and ``status`` must send the
+    student where the handout does. Tags the handout never names sort after, by number.
+    """
+    lab, task = (int(x) for x in tag.removeprefix("lab").split("."))
+    position = _handout_positions(lab).get(tag)
+    return lab, position if position is not None else 1 << 30, task
+
+
+@functools.lru_cache(maxsize=None)
+def _handout_positions(lab_number: int) -> dict[str, int]:
+    """``labN.k`` -> where its ``TODO(labN.k)`` first appears in the lab's handout."""
+    positions: dict[str, int] = {}
+    for handout in sorted(LABS_DIR.glob(f"lab{lab_number:02d}_*/README.md")):
+        for match in TODO_RE.finditer(handout.read_text(errors="replace")):
+            positions.setdefault(match.group(1), match.start())
+    return positions
+
+
+def gradescope_results(records: list[TestResult], implementation: str,
                        notes: list[str] | tuple[str, ...] = ()) -> dict:
     """Builds a Gradescope ``results.json`` payload.
 
@@ -119,29 +142,28 @@ def gradescope_results(records: list[dict], implementation: str,
     """
     tests = []
     for rec in records:
-        passed = rec["outcome"] == "passed"
-        hidden = bool(rec.get("hidden"))
+        passed, hidden = rec.passed, rec.hidden
         output = ""
-        if rec["outcome"] == "skipped":
-            output = f"skipped: {rec['message']}"
+        if rec.skipped:
+            output = f"skipped: {rec.message}"
         elif not passed and hidden:
-            output = student_message(rec["message"])
+            output = student_message(rec.message)
         elif not passed:
-            output = rec["message"]
-            if rec.get("details"):
-                output += "\n\n" + rec["details"]
-        name = rec["nodeid"].split("::", 1)[-1]
-        if rec.get("doc"):
-            name = f"{name}: {rec['doc']}"
+            output = rec.message
+            if rec.details:
+                output += "\n\n" + rec.details
+        name = rec.nodeid.split("::", 1)[-1]
+        if rec.doc:
+            name = f"{name}: {rec.doc}"
         test = {
-            "name": f"{rec['lab']} · {'hidden · ' if hidden else ''}{name}",
-            "score": round(rec["points"], 4) if passed else 0,
-            "max_score": round(rec["points"], 4),
+            "name": f"{rec.lab} · {'hidden · ' if hidden else ''}{name}",
+            "score": points_float(rec.points) if passed else 0,
+            "max_score": points_float(rec.points),
             "status": "passed" if passed else "failed",
             "output": output,
-            "tags": [rec["lab"], "hidden"] if hidden else [rec["lab"]],
+            "tags": [rec.lab, "hidden"] if hidden else [rec.lab],
             # For instructors' exports and the release check (Gradescope does not show it).
-            "extra_data": {"nodeid": rec["nodeid"], "outcome": rec["outcome"]},
+            "extra_data": {"nodeid": rec.nodeid, "outcome": rec.outcome},
         }
         if hidden:
             test["visibility"] = "after_due_date"
@@ -149,8 +171,8 @@ def gradescope_results(records: list[dict], implementation: str,
     rows = summarize(records)
     output = [f"Graded implementation: {implementation}", *hidden_summary(records), *notes]
     return {
-        "score": round(sum(r.points for r in rows), 4),
-        "max_score": round(sum(r.max_points for r in rows), 4),
+        "score": points_float(sum((r.points for r in rows), Fraction(0))),
+        "max_score": points_float(sum((r.max_points for r in rows), Fraction(0))),
         "output": "\n".join(output),
         "visibility": "visible",
         "stdout_visibility": "hidden",
@@ -158,7 +180,7 @@ def gradescope_results(records: list[dict], implementation: str,
     }
 
 
-def markdown_summary(records: list[dict], implementation: str,
+def markdown_summary(records: list[TestResult], implementation: str,
                      notes: list[str] | tuple[str, ...] = ()) -> str:
     """Returns a Markdown summary (for ``$GITHUB_STEP_SUMMARY`` and instructors).
 
@@ -178,8 +200,8 @@ def markdown_summary(records: list[dict], implementation: str,
             f"| {r.lab} | {r.passed}/{r.total} | {r.skipped} | "
             f"{fmt_points(r.points)}/{fmt_points(r.max_points)} |"
         )
-    tot_p = sum(r.points for r in rows)
-    tot_m = sum(r.max_points for r in rows)
+    tot_p = sum((r.points for r in rows), Fraction(0))
+    tot_m = sum((r.max_points for r in rows), Fraction(0))
     lines.append(f"| **total** | | | **{fmt_points(tot_p)}/{fmt_points(tot_m)}** |")
     hidden_lines = hidden_summary(records)
     if hidden_lines:
@@ -190,11 +212,10 @@ def markdown_summary(records: list[dict], implementation: str,
     if open_todos:
         lines += ["", "### Still to do", ""]
         lines += [f"- `TODO({tag})` {text}" for tag, text in open_todos]
-    failed = [r for r in records if r["outcome"] in ("failed", "error")
-              and "TODO(" not in r["message"] and not r.get("hidden")]
+    failed = [r for r in records if r.failed and "TODO(" not in r.message and not r.hidden]
     if failed:
         lines += ["", "### Failing tests", ""]
         for r in failed[:50]:
-            msg = r["message"].replace("|", "\\|").splitlines()[0][:200] if r["message"] else ""
-            lines.append(f"- `{r['nodeid']}` — {msg}")
+            msg = r.message.replace("|", "\\|").splitlines()[0][:200] if r.message else ""
+            lines.append(f"- `{r.nodeid}` — {msg}")
     return "\n".join(lines) + "\n"

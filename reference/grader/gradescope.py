@@ -29,6 +29,7 @@ from pathlib import Path
 from reference.grader.hidden import hidden_test_files
 from reference.grader.autograder import CONFIG_NAME
 from reference.grader.manifest import digest
+from reference.grader.results import total_points
 from reference.paths import SOLUTIONS_DIR, lab_names
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S
 
@@ -101,8 +102,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"pagedlab gradescope-bundle: {', '.join(labs)} -> {zip_path}")
     manifest, problems = build_bundle(zip_path, labs, timeout_s=args.timeout,
                                       on_tamper=args.on_tamper)
-    total = sum(p for tests in manifest["tests"].values() for p in tests.values())
-    print(f"  {sum(len(t) for t in manifest['tests'].values())} tests, {total:g} points "
+    total = total_points(p for tests in manifest["tests"].values() for p in tests.values())
+    print(f"  {sum(len(t) for t in manifest['tests'].values())} tests, {float(total):g} points "
           f"(hidden included)")
     if problems:
         print(f"\npagedlab gradescope-bundle: {len(problems)} problem(s)")

@@ -19,13 +19,14 @@ Loaded by the root ``conftest.py``. It
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from reference.loader import LabImplError, describe_impl, impl_name
 from reference.paths import is_hidden_path, lab_of_path
+from reference.grader.results import TestResult, points_json
 from reference.grader.signed_log import LogWriter, take_key_from_env
 
 #: Longest failure text kept per test (Gradescope shows it to the student).
@@ -33,24 +34,6 @@ MAX_DETAILS_CHARS = 4000
 
 # NOTE: pytest_runtest_logreport gets no config argument; the active config is kept here.
 _CONFIG: dict = {}
-
-
-@dataclass
-class TestRecord:
-    """One test's graded result."""
-
-    nodeid: str
-    lab: str | None
-    name: str
-    doc: str
-    points: float
-    outcome: str = "passed"  # passed | failed | error | skipped
-    when: str = ""  # phase that decided a non-pass: setup | call | teardown
-    message: str = ""  # one line: the exception and its message
-    details: str = ""  # the (truncated) traceback
-    duration_s: float = 0.0
-    hidden: bool = False  # an instructor-only test (reference/grader/hidden.py)
-    _phases: set = field(default_factory=set, repr=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,7 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         impl_name()
     except LabImplError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config._pagedlab_records = {}  # nodeid -> TestRecord
+    config._pagedlab_records = {}  # nodeid -> TestResult
+    config._pagedlab_called = set()  # nodeids whose test body ran and passed its call phase
     log_path = config.getoption("--pagedlab-log")
     if log_path:
         # Take the key now: no student code has been imported yet (impl loads in a fixture).
@@ -93,6 +77,7 @@ def _log_plugin(config: pytest.Config, log) -> _HookHolder:
     so student code cannot reach it by name; reaching it takes walking pytest's internals.
     """
     records = config._pagedlab_records
+    called = config._pagedlab_called
 
     def pytest_collectreport(report: pytest.CollectReport) -> None:
         if report.failed:
@@ -101,7 +86,7 @@ def _log_plugin(config: pytest.Config, log) -> _HookHolder:
 
     def pytest_collection_finish(session: pytest.Session) -> None:
         # What this process will run (after -k/-m/--pagedlab-only): the expected list.
-        tests = [_public(records[it.nodeid]) for it in session.items if it.nodeid in records]
+        tests = [records[it.nodeid].to_json() for it in session.items if it.nodeid in records]
         log({"event": "collected", "implementation": describe_impl(), "tests": tests})
 
     def pytest_runtest_logstart(nodeid: str, location) -> None:
@@ -112,8 +97,8 @@ def _log_plugin(config: pytest.Config, log) -> _HookHolder:
         rec = records.get(nodeid)
         if rec is None:
             return
-        body = _public(rec)
-        if rec.outcome == "passed" and "call" not in rec._phases:
+        body = rec.to_json()
+        if rec.passed and nodeid not in called:
             body.update(outcome="error", message="the test body never ran")
         log({"event": "result", **body})
 
@@ -150,8 +135,9 @@ def pytest_collection_modifyitems(
             continue
         if len(points) != 1:
             problems.append(f"{item.nodeid}: a lab test needs exactly one @pytest.mark.points(n)")
-        elif not isinstance(points[0], (int, float)) or points[0] <= 0:
-            problems.append(f"{item.nodeid}: points must be a positive number, got {points[0]!r}")
+        elif isinstance(points[0], bool) or not isinstance(points[0], int) or points[0] <= 0:
+            problems.append(f"{item.nodeid}: points must be a positive whole number, "
+                            f"got {points[0]!r}")
     if problems:
         raise pytest.UsageError("pagedlab grading markers:\n  " + "\n  ".join(problems))
 
@@ -169,12 +155,12 @@ def pytest_collection_modifyitems(
         share = cases[(str(item.path), getattr(item, "originalname", item.name))]
         # The docstring's first paragraph states the property the test proves.
         doc = (getattr(item.function, "__doc__", None) or "").strip().split("\n\n")[0].split()
-        records[item.nodeid] = TestRecord(
+        records[item.nodeid] = TestResult(
             nodeid=item.nodeid,
             lab=lab,
             name=item.name,
             doc=" ".join(doc),
-            points=float(_points_of(item)[0]) / share,
+            points=Fraction(_points_of(item)[0], share),  # exact: the cases add up to n
             hidden=is_hidden_path(item.path),
         )
 
@@ -184,10 +170,6 @@ def pytest_collection_modifyitems(
         kept = [it for it in items if getattr(it, "originalname", it.name) in names]
         config.hook.pytest_deselected(items=[it for it in items if it not in kept])
         items[:] = kept
-
-
-def _public(rec: TestRecord) -> dict:
-    return {k: v for k, v in asdict(rec).items() if not k.startswith("_")}
 
 
 def _short_message(report: pytest.TestReport) -> str:
@@ -200,15 +182,42 @@ def _short_message(report: pytest.TestReport) -> str:
     return text.strip().splitlines()[-1] if text.strip() else ""
 
 
+#: user_properties key carrying a test's grading metadata from an xdist worker to the controller.
+XDIST_PROPERTY = "pagedlab_test"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    rec = item.config._pagedlab_records.get(item.nodeid)
+    if rec is not None and call.when == "setup":
+        # NOTE: under pytest-xdist the controller never collects; it learns each test's points
+        # and lab from its setup report, so the grade table of `pytest -n auto` stays whole.
+        meta = TestResult(nodeid=rec.nodeid, lab=rec.lab, name=rec.name, doc=rec.doc,
+                          points=rec.points, hidden=rec.hidden)
+        report.user_properties.append((XDIST_PROPERTY, meta.to_json()))
+
+
+def _record_for(config: pytest.Config, report: pytest.TestReport) -> TestResult | None:
+    records = config._pagedlab_records
+    rec = records.get(report.nodeid)
+    if rec is None and getattr(config, "workerinput", None) is None:  # an xdist controller
+        meta = next((v for k, v in report.user_properties if k == XDIST_PROPERTY), None)
+        if meta is not None:
+            rec = records[report.nodeid] = TestResult.from_json(meta)
+    return rec
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None:
         return
-    rec = config._pagedlab_records.get(report.nodeid)
+    rec = _record_for(config, report)
     if rec is None:
         return
     rec.duration_s += report.duration
-    if rec.outcome in ("failed", "error"):
+    if rec.failed:
         return  # the first non-pass decides
     if report.failed:
         rec.outcome = "failed" if report.when == "call" else "error"
@@ -220,13 +229,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         rec.when = report.when
         rec.message = _short_message(report).removeprefix("Skipped: ")
     elif report.when == "call" and report.passed:
-        rec._phases.add("call")
+        config._pagedlab_called.add(report.nodeid)
 
 
-def _finished_records(config: pytest.Config) -> list[TestRecord]:
+def _finished_records(config: pytest.Config) -> list[TestResult]:
     out = []
     for rec in config._pagedlab_records.values():
-        if rec.outcome == "passed" and "call" not in rec._phases:
+        if rec.passed and rec.nodeid not in config._pagedlab_called:
             continue  # deselected or never ran (e.g. -x stopped early)
         out.append(rec)
     return out
@@ -242,8 +251,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "implementation": describe_impl(),
         "exitstatus": int(exitstatus),
         "collected": [r.nodeid for r in config._pagedlab_records.values()],
-        "points": {r.nodeid: r.points for r in config._pagedlab_records.values()},
-        "tests": [_public(r) for r in records],
+        "points": {r.nodeid: points_json(r.points) for r in config._pagedlab_records.values()},
+        "tests": [r.to_json() for r in records],
     }
     Path(path).write_text(json.dumps(payload, indent=1))
 
@@ -254,7 +263,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     records = _finished_records(config)
     if not records:
         return
-    rows = summarize([asdict(r) for r in records])
+    rows = summarize(records)
     terminalreporter.section("pagedlab grade")
     terminalreporter.write_line(f"implementation: {describe_impl()}")
     for line in format_table(rows).splitlines():

@@ -69,20 +69,21 @@ def student_message(message: str, max_chars: int = 600) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
-def hidden_summary(records: list[dict]) -> list[str]:
+def hidden_summary(records: list) -> list[str]:
     """Returns one line per lab with hidden tests: ``N hidden tests failed in lab X``.
 
     Args:
-        records: graded test records (those with ``hidden`` true are counted).
+        records: graded :class:`~reference.grader.results.TestResult` records (the hidden
+            ones are counted).
 
     Returns:
         Lines in lab order, also for labs where none failed (``0 hidden tests failed ...``).
     """
     counts: dict[str, list[int]] = {}
     for rec in records:
-        if rec.get("hidden"):
-            failed, total = counts.setdefault(rec["lab"], [0, 0])
-            counts[rec["lab"]] = [failed + (rec["outcome"] in ("failed", "error")), total + 1]
+        if rec.hidden:
+            failed, total = counts.setdefault(rec.lab, [0, 0])
+            counts[rec.lab] = [failed + rec.failed, total + 1]
     lines = []
     for lab in sorted(counts):
         failed, total = counts[lab]

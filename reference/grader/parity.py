@@ -7,8 +7,15 @@ dataclass field (name, arguments with annotations and defaults, return annotatio
 docstring), or in the parameter list of any ``extern "C" __global__`` kernel of a ``.cu`` file
 both have.
 
+Beyond the public API it also holds what the two files keep in pairs, since nothing else checks
+that such copies agree: every module-level constant both define (same value expression; a
+public one missing on one side is reported too), every private helper function both define
+(same signature — its body is the solution's business), and every ``.cuh`` header present in
+both folders (identical text: a header is given code, and a lab keeps it once in ``labs/<lab>/``
+when it can).
+
 Read from source with :mod:`ast` (nothing is imported), so a starter that cannot run yet is
-still checked. Private names (``_x``) are free to differ; dunder methods are public.
+still checked. Private names (``_x``) may exist on one side only; dunder methods are public.
 """
 
 from __future__ import annotations
@@ -71,6 +78,56 @@ def public_api(source: str) -> dict[str, ApiItem]:
     return api
 
 
+def module_constants(source: str) -> dict[str, str]:
+    """Returns a module's top-level assignments to plain names: name -> value expression.
+
+    ``A, B = 1, 2`` counts as ``A = 1`` and ``B = 2``; other tuple targets as one expression
+    per name.
+
+    Args:
+        source: Python source text.
+    """
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            out[node.target.id] = f"{ast.unparse(node.annotation)} = {ast.unparse(node.value)}"
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = ast.unparse(node.value)
+                elif (isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                      and len(target.elts) == len(node.value.elts)):
+                    for name, value in zip(target.elts, node.value.elts):
+                        if isinstance(name, ast.Name):
+                            out[name.id] = ast.unparse(value)
+    return out
+
+
+def private_helpers(source: str) -> dict[str, str]:
+    """Returns a module's top-level private functions (``_x``, not dunders): name -> signature.
+
+    Args:
+        source: Python source text.
+    """
+    return {node.name: _func_sig(node) for node in ast.parse(source).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _public(node.name)}
+
+
+def _compare_pairs(where: str, what: str, got: dict[str, str], want: dict[str, str],
+                   *, require_public: bool) -> list[str]:
+    problems = []
+    if require_public:
+        for name in sorted(n for n in set(want) ^ set(got) if _public(n)):
+            side = "solution" if name in want else "starter"
+            other = "starter" if name in want else "solution"
+            problems.append(f"{where}: {what} {name} is in the {side} but not the {other}")
+    for name in sorted(set(got) & set(want)):
+        if got[name] != want[name]:
+            problems.append(f"{where}: {what} {name} differs:\n    starter:  {got[name]}\n"
+                            f"    solution: {want[name]}")
+    return problems
+
+
 def compare_python(starter: Path, solution: Path) -> list[str]:
     """Returns the differences between a starter's and a solution's public API.
 
@@ -95,6 +152,11 @@ def compare_python(starter: Path, solution: Path) -> list[str]:
                             f"    solution: {b.signature}")
         if a.doc != b.doc:
             problems.append(f"{where}: {name} docstring differs from the solution's")
+    got_src, want_src = starter.read_text(), solution.read_text()
+    problems += _compare_pairs(where, "constant", module_constants(got_src),
+                               module_constants(want_src), require_public=True)
+    problems += _compare_pairs(where, "private helper", private_helpers(got_src),
+                               private_helpers(want_src), require_public=False)
     return problems
 
 
@@ -118,12 +180,22 @@ def compare_cuda(starter: Path, solution: Path) -> list[str]:
     return problems
 
 
+def compare_header(starter: Path, solution: Path) -> list[str]:
+    """Returns a problem when a ``.cuh`` header kept in both folders differs at all."""
+    if starter.read_bytes() == solution.read_bytes():
+        return []
+    return [f"{starter.parent.name}/{starter.name}: header differs from the solution's copy (a "
+            f"given header must be identical; keep it once, in labs/, where the solution's "
+            f"kernels find it too)"]
+
+
 def check_lab(lab_dir: Path, solution_dir: Path) -> list[str]:
     """Returns every parity problem of one lab.
 
     ``starter.py`` is compared with ``solution.py``; any other ``.py`` or ``.cu`` file present
     under the same name in both folders (``solutions/`` mirrors ``labs/`` name for name) is
-    compared too. Test files and private helpers (``test_*``, ``_*``) are skipped.
+    compared too, and a ``.cuh`` header present in both must be identical. Test files and
+    private modules (``test_*``, ``_*``) are skipped.
     """
     problems = []
     pairs = []
@@ -134,13 +206,13 @@ def check_lab(lab_dir: Path, solution_dir: Path) -> list[str]:
                         f"is missing")
     for path in sorted(solution_dir.rglob("*")):
         rel = path.relative_to(solution_dir)
-        if (path.suffix not in (".py", ".cu") or path.name.startswith(("test_", "_"))
+        if (path.suffix not in (".py", ".cu", ".cuh") or path.name.startswith(("test_", "_"))
                 or path.name == "solution.py" or "hidden" in rel.parts):
             continue
         twin = lab_dir / rel
         if twin.is_file():
             pairs.append((twin, path))
     for starter, solution in pairs:
-        compare = compare_cuda if starter.suffix == ".cu" else compare_python
+        compare = {".cu": compare_cuda, ".cuh": compare_header}.get(starter.suffix, compare_python)
         problems += compare(starter, solution)
     return problems

@@ -40,9 +40,9 @@ class Progress:
         bar = "█" * filled + "·" * (BAR_WIDTH - filled)
         self._write(f"\r  {lab:<28} {bar} {done}/{total} {self._elapsed(lab)}\x1b[K")
 
-    def end(self, lab: str, records: list[dict]) -> None:
-        """A lab is graded: one summary line."""
-        passed = sum(r["outcome"] == "passed" for r in records)
+    def end(self, lab: str, records: list) -> None:
+        """A lab is graded: one summary line (``records``: its TestResults)."""
+        passed = sum(r.passed for r in records)
         line = f"  {lab:<28} {passed}/{len(records)} passed in {self._elapsed(lab)}"
         self._write(("\r" + line + "\x1b[K\n") if self.live else (line + "\n"))
 

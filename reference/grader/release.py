@@ -34,6 +34,7 @@ from reference.grader.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest,
                                 walk_files, write_manifest)
 from reference.grader.notebook_strip import has_outputs, strip_outputs
 from reference.grader.parity import check_lab
+from reference.grader.results import points_float, total_points
 from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR, lab_names
 
 #: Top-level folders a student never gets.
@@ -187,7 +188,7 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
     paths += sorted({str(Path(rel).parent) for rel in extra or {} if rel.endswith(".py")})
     tests, collect_problems = collect_tests(out, paths)
     problems += collect_problems
-    lab_max = {lab: round(sum(tests.get(lab, {}).values()), 4) for lab in labs}
+    lab_max = {lab: points_float(total_points(tests.get(lab, {}).values())) for lab in labs}
     for lab in labs:
         if not tests.get(lab):
             problems.append(f"{lab}: no test collected")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reference.grader.hidden import hidden_dirs
+from reference.grader.results import TestResult, parse_points
 from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -50,7 +51,7 @@ class ProgressFn(Protocol):
 
     def start(self, lab: str) -> None: ...
     def update(self, lab: str, done: int, total: int) -> None: ...
-    def end(self, lab: str, records: list[dict]) -> None: ...
+    def end(self, lab: str, records: list[TestResult]) -> None: ...
 
 
 @dataclass
@@ -58,7 +59,7 @@ class RunResult:
     """What grading some labs produced."""
 
     exitstatus: int
-    records: list[dict]  # one per expected test, in order
+    records: list[TestResult]  # one per expected test, in order
     collected: list[str]  # the expected node ids
     implementation: str
     output: str  # the children's output (tail per lab)
@@ -88,7 +89,7 @@ def run_lab_tests(
     timeout_s: float = 1800,
     test_timeout_s: float | None = DEFAULT_TEST_TIMEOUT_S,
     include_hidden: bool = True,
-    expected: dict[str, dict[str, float]] | None = None,
+    expected: dict[str, dict[str, object]] | None = None,
     progress: ProgressFn | None = None,
     isolated: bool = False,
 ) -> RunResult:
@@ -103,7 +104,8 @@ def run_lab_tests(
         timeout_s: wall-clock limit per lab.
         test_timeout_s: per-test limit; None disables it.
         include_hidden: also run each lab's hidden tests (:mod:`reference.grader.hidden`).
-        expected: lab -> {node id: points} the run must account for (a manifest's list);
+        expected: lab -> {node id: points (a number or ``"n/d"``)} the run must account for
+            (a manifest's list);
             labs absent here expect what their collection finds.
         progress: told when each lab starts and ends, and as test results arrive.
         isolated: run student code only in an unprivileged worker process
@@ -217,7 +219,7 @@ class _LabState:
         """Expected tests with neither a result nor a known failure."""
         return [n for n in self.want if n not in self.results and n not in self.failures]
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[TestResult]:
         """One graded record per expected test."""
         return [_record(nid, meta, self.results.get(nid), self.failures.get(nid), self.problems)
                 for nid, meta in self.want.items()]
@@ -270,18 +272,27 @@ def _func_name(nodeid: str) -> str:
     return nodeid.split("::")[-1].split("[")[0]
 
 
-def _meta(nodeid: str, lab: str, points: float) -> dict:
+def _meta(nodeid: str, lab: str, points: object) -> dict:
     return {"nodeid": nodeid, "lab": lab, "name": nodeid.split("::")[-1], "doc": "",
-            "points": float(points), "hidden": is_hidden_path(REPO_ROOT / nodeid.split("::")[0])}
+            "points": parse_points(points),
+            "hidden": is_hidden_path(REPO_ROOT / nodeid.split("::")[0])}
 
 
 def _record(nodeid: str, meta: dict, result: dict | None, failure: str | None,
-            problems: list[str]) -> dict:
-    keys = ("nodeid", "lab", "name", "doc", "points", "hidden")
-    rec = {k: meta.get(k) for k in keys}
+            problems: list[str]) -> TestResult:
+    # NOTE: what the grade rests on (points, hidden, lab) comes from the expected list, never
+    # from the test process's result line.
+    rec = TestResult(nodeid=nodeid, lab=meta["lab"], name=meta.get("name", ""),
+                     doc=meta.get("doc", ""), points=parse_points(meta["points"]),
+                     hidden=bool(meta.get("hidden")))
     if result is not None:
-        rec.update({k: result.get(k, "") for k in ("outcome", "when", "message", "details")})
-        rec["duration_s"] = result.get("duration_s", 0.0)
+        try:
+            logged = TestResult.from_json({k: v for k, v in result.items() if k != "event"})
+        except ValueError as exc:
+            rec.fail(f"the grading log's result for this test is malformed ({exc})")
+            return rec
+        rec.outcome, rec.when, rec.message = logged.outcome, logged.when, logged.message
+        rec.details, rec.duration_s = logged.details, logged.duration_s
         return rec
     if failure is None:
         path = nodeid.split("::")[0]
@@ -289,7 +300,7 @@ def _record(nodeid: str, meta: dict, result: dict | None, failure: str | None,
                    None)
         failure = ("did not run: its test file failed to import: " + why if why else
                    "did not run: the test was not collected (deleted, renamed or broken test file?)")
-    rec.update(outcome="failed", when="call", message=failure, details="", duration_s=0.0)
+    rec.fail(failure)
     return rec
 
 

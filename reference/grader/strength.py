@@ -19,6 +19,7 @@ from reference.gpu import gpu_available
 from reference.loader import MUTANT_DIR_ENV
 from reference.grader.mutants import Mutant, MutantSpecError, build_mutant, load_mutants
 from reference.paths import LABS_DIR, SOLUTIONS_DIR
+from reference.grader.results import TestResult
 from reference.grader.runner import GradingRunError, run_lab_tests
 
 
@@ -35,14 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_solution(labs: list[str] | None, isolated: bool = False) -> list[str]:
     """(a) Returns problems: solution tests that did not pass."""
     run = run_lab_tests(labs, impl="solution", isolated=isolated)
-    bad = [r for r in run.records if r["outcome"] in ("failed", "error")]
-    skipped = [r for r in run.records if r["outcome"] == "skipped"]
+    bad = [r for r in run.records if r.failed]
+    skipped = [r for r in run.records if r.skipped]
     print(f"(a) solutions: {len(run.records) - len(bad) - len(skipped)} passed, "
           f"{len(bad)} failed, {len(skipped)} skipped")
-    reasons = sorted({r["message"] for r in skipped})
+    reasons = sorted({r.message for r in skipped})
     for reason in reasons[:5]:
         print(f"      skipped: {reason}")
-    return [f"solution fails {r['nodeid']}: {r['message']}" for r in bad] + run.problems
+    return [f"solution fails {r.nodeid}: {r.message}" for r in bad] + run.problems
 
 
 def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
@@ -50,12 +51,12 @@ def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
     run = run_lab_tests(labs, impl="starter", isolated=isolated)
     problems = []
     for r in run.records:
-        if r["outcome"] == "passed":
-            problems.append(f"untouched starter passes {r['nodeid']} (a test that cannot fail?)")
-        elif r["outcome"] in ("failed", "error") and "TODO(lab" not in r["message"] + r["details"]:
-            problems.append(f"starter fails {r['nodeid']} without a TODO message: {r['message']}")
-    passed = sum(r["outcome"] == "passed" for r in run.records)
-    skipped = sum(r["outcome"] == "skipped" for r in run.records)
+        if r.passed:
+            problems.append(f"untouched starter passes {r.nodeid} (a test that cannot fail?)")
+        elif r.failed and "TODO(lab" not in r.message + r.details:
+            problems.append(f"starter fails {r.nodeid} without a TODO message: {r.message}")
+    passed = sum(r.passed for r in run.records)
+    skipped = sum(r.skipped for r in run.records)
     print(f"(b) starters: {passed} passed (must be 0), "
           f"{len(run.records) - passed - skipped} failed, {skipped} skipped")
     return problems + run.problems
@@ -75,19 +76,19 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
                                 only=mutant.caught_by, timeout_s=900, isolated=isolated)
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
-    by_name: dict[str, list[dict]] = {}
+    by_name: dict[str, list[TestResult]] = {}
     for r in run.records:
-        by_name.setdefault(r["nodeid"].split("::")[-1].split("[")[0], []).append(r)
+        by_name.setdefault(r.func_name, []).append(r)
     missing = [n for n in mutant.caught_by if n not in by_name]
     if missing:
         return mutant, f"caught_by names unknown tests: {missing}"
     escaped = []
     for name in mutant.caught_by:
         results = by_name[name]
-        if all(r["outcome"] == "skipped" for r in results):
-            return mutant, f"{name} skipped: {results[0]['message']}"
+        if all(r.skipped for r in results):
+            return mutant, f"{name} skipped: {results[0].message}"
         # Caught means a real assertion failed in the test body, not a broken import.
-        if not any(r["outcome"] == "failed" and r["when"] == "call" for r in results):
+        if not any(r.outcome == "failed" and r.when == "call" for r in results):
             escaped.append(name)
     if escaped:
         return mutant, f"NOT caught by {escaped}"

@@ -1,7 +1,9 @@
 """``pagedlab compile``: compile-check every ``.cu`` file for sm_80 and sm_90, no GPU needed.
 
 Uses ``nvcc`` when it is on PATH (or under ``$CUDA_HOME``), else NVRTC through CuPy. Errors are
-printed with file and line numbers, as the compiler reports them.
+printed with file and line numbers, as the compiler reports them. Include folders are the
+loader's (:func:`reference.cuda.kernel_include_dirs`): a solution finds the headers its lab hands
+out in ``labs/<lab>/``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reference.cuda import BASE_OPTIONS, cuda_home, include_options
+from reference.cuda import BASE_OPTIONS, cuda_home, include_options, kernel_include_dirs
 from reference.paths import LABS_DIR, SOLUTIONS_DIR
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -76,7 +78,7 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
         with tempfile.TemporaryDirectory() as tmp:
             # --threads 0: one thread per target (CI machines have 2 cores).
             cmd = [nvcc, *BASE_OPTIONS, *gencode, "--threads", "0", "-fatbin", "-o", str(Path(tmp) / "k.fatbin"),
-                   f"-I{path.parent}", *include_options(), str(path)]
+                   *(f"-I{d}" for d in kernel_include_dirs(path)), *include_options(), str(path)]
             if resources:
                 cmd.insert(1, "-Xptxas=-v")
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -85,7 +87,8 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
 
     for arch in archs:
         try:
-            compiler.compile_using_nvrtc(path.read_text(), options=BASE_OPTIONS + (f"-I{path.parent}",)
+            includes = tuple(f"-I{d}" for d in kernel_include_dirs(path))
+            compiler.compile_using_nvrtc(path.read_text(), options=BASE_OPTIONS + includes
                                          + include_options(), arch=arch.replace("sm_", ""),
                                          filename=str(path))
         except compiler.CompileException as exc:

@@ -30,13 +30,13 @@ def next_step(lab: str, records: list[dict]) -> str:
         tag, text = open_todos[0]
         where = todo_location(lab, tag)
         return f"TODO({tag}) {text}" + (f"  ({where})" if where else "")
-    failing = [r for r in records if r["outcome"] in ("failed", "error")]
+    failing = [r for r in records if r.failed]
     if failing:
         first = failing[0]
-        return f"fix {first['nodeid'].split('::')[-1]}: {first['message'].splitlines()[0][:80]}"
-    skipped = [r for r in records if r["outcome"] == "skipped"]
+        return f"fix {first.nodeid.split('::')[-1]}: {(first.message.splitlines() or [''])[0][:80]}"
+    skipped = [r for r in records if r.skipped]
     if skipped:
-        return f"done here; {len(skipped)} tests skipped ({skipped[0]['message'][:60]})"
+        return f"done here; {len(skipped)} tests skipped ({skipped[0].message[:60]})"
     return "done ✓"
 
 
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     first_open = None
     for lab in labs:
         row = rows.get(lab)
-        records = [r for r in run.records if r["lab"] == lab]
+        records = [r for r in run.records if r.lab == lab]
         step = next_step(lab, records)
         if row is None:
             print(f"{lab:<28} {lab_needs(lab):<9} {'-':>7} {'-':>9}  (no tests yet)")

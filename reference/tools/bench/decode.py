@@ -21,6 +21,7 @@ row says so. The table goes to stdout, JSON and a PNG to ``--out``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import time
 
@@ -35,15 +36,16 @@ from reference.loader import describe_impl, load_impl
 LAB = "lab04_decode_kernels"
 VERSIONS = ("naive", "v0", "v1", "v2", "v3", "v4", "v5", "v6")
 SPLIT_K = ("v3", "v4", "v5", "v6", "paged_attention")
-#: v4 compile-time variants measured beside the default (see solution.V4_TUNING).
+#: v4 compile-time variants measured beside the default (``tuning=`` of paged_attention_v4; the
+#: names its kernel description, _launch.V4_KERNEL, lists as tunable).
 V4_VARIANTS = (
     {"VECS_PER_LANE": 8},
     {"NUM_WARPS": 8},
     {"MAX_HEADS_PER_CTA": 4},
     {"MAX_HEADS_PER_CTA": 2, "VECS_PER_LANE": 8},
 )
-#: v6 variants: compile-time options (solution.V6_TUNING) and PARTITION, a forced split-K
-#: partition length in tokens.
+#: v6 variants: compile-time options (``tuning=`` of paged_attention_v6) and PARTITION, a forced
+#: split-K partition length in tokens.
 V6_VARIANTS = (
     {"NUM_STAGES": 2},
     {"NUM_STAGES": 4},
@@ -225,29 +227,28 @@ def variant_methods(impl, version: str, tunings, w: DecodeWorkload, args, scale:
                     max_len: int) -> list:
     """(label, fn, None) for each variant of ``version`` (v4 or v6) that applies to the workload.
 
-    A variant is -D options for the kernel (the solution's ``V4_TUNING`` / ``V6_TUNING``, set
-    only for the call) plus, optionally, PARTITION: a forced split-K partition length.
+    A variant is -D options for the kernel, passed as the launcher's ``tuning=`` argument, plus,
+    optionally, PARTITION: a forced split-K partition length (its ``plan=``). A launcher without
+    a ``tuning`` parameter (an older starter) gets no variants.
     """
-    knobs = getattr(impl, f"{version.upper()}_TUNING", None)
-    if knobs is None:
+    launcher = getattr(impl, f"paged_attention_{version}", None)
+    if launcher is None or "tuning" not in inspect.signature(launcher).parameters:
         return []
-    launcher = getattr(impl, f"paged_attention_{version}")
     group = w.num_q_heads // w.num_kv_heads
+    try:
+        hpc = impl.heads_per_cta(group)
+    except NotImplementedError:  # a starter without task 4.2 yet: its launchers fail anyway
+        return []
     out = []
     for tuning in tunings:
         tuning = dict(tuning)
-        if "MAX_HEADS_PER_CTA" in tuning and impl.heads_per_cta(group) <= tuning["MAX_HEADS_PER_CTA"]:
+        if "MAX_HEADS_PER_CTA" in tuning and hpc <= tuning["MAX_HEADS_PER_CTA"]:
             continue  # the variant would change nothing here
         size = tuning.pop("PARTITION", None)
         plan = None if size is None else impl.SplitKVPlan(-(-max_len // size), size)
 
         def run_variant(tuning=tuning, plan=plan):
-            knobs.clear()
-            knobs.update(tuning)
-            try:
-                return launcher(*args, scale, max_context_len=max_len, plan=plan)
-            finally:
-                knobs.clear()
+            return launcher(*args, scale, max_context_len=max_len, plan=plan, tuning=tuning or None)
 
         label = f"{version} " + ",".join([f"{k.lower()}={v}" for k, v in tuning.items()]
                                          + ([f"partition={size}"] if size else []))

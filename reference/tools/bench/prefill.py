@@ -202,27 +202,28 @@ def main(argv: list[str] | None = None) -> int:
                 fi_reason = f"{type(exc).__name__}: {exc}"
         for kernel in args.kernels:
             variants = [None]
-            if kernel == "tc" and args.tc_variants:
-                default = f"{impl.TC_WARPS}x{impl.TC_ROWS_PER_WARP}"
+            if kernel == "tc" and args.tc_variants and hasattr(impl, "TcTiling"):
+                default = f"{impl.TC_TILING.warps}x{impl.TC_TILING.rows_per_warp}"
                 variants += [v for v in args.tc_variants if v != default]
             for variant in variants:
-                saved = impl.TC_WARPS, impl.TC_ROWS_PER_WARP
-                if variant is not None:
-                    impl.TC_WARPS, impl.TC_ROWS_PER_WARP = (int(x) for x in variant.split("x"))
+                # A variant is the tensor-core CTA shape, passed as tc_tiling= to the plan and
+                # the launcher (never set on the module).
+                tiling = {}
                 try:
+                    if variant is not None:
+                        warps, rows = (int(x) for x in variant.split("x"))
+                        tiling = {"tc_tiling": impl.TcTiling(warps, rows)}
                     plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
                                                 num_q_heads=common["num_q_heads"],
-                                                num_kv_heads=common["num_kv_heads"])
+                                                num_kv_heads=common["num_kv_heads"], **tiling)
                     fn = getattr(impl, f"paged_prefill_{kernel}")
                     name = kernel if variant is None else f"{kernel} ({variant})"
-                    record(name, lambda fn=fn, plan=plan: fn(**batch, plan=plan),
+                    record(name, lambda fn=fn, plan=plan, kw=tiling: fn(**batch, plan=plan, **kw),
                            "plan made once, outside the timing", ref)
                 except Exception as exc:  # noqa: BLE001 — a tuning variant may not exist
                     print(f"  {wl['name']} {kernel} {variant or ''}: failed: {type(exc).__name__}: {exc}")
                     if variant is None:
                         raise
-                finally:
-                    impl.TC_WARPS, impl.TC_ROWS_PER_WARP = saved
         for row in rows:
             if row["workload"] != wl["name"]:
                 continue
