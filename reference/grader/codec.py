@@ -14,6 +14,7 @@ side refuses to send anything else (a ``TypeError`` naming the type).
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable
 
 import msgpack
@@ -54,6 +55,12 @@ class Codec:
 
     def __init__(self, to_handle: Callable[[Any], list], from_handle: Callable[[list], Any]):
         self._to_handle, self._from_handle = to_handle, from_handle
+        # NOTE: a Packer costs several µs to build, a call packs 2-4 times: each thread keeps
+        # its own (a Packer is not thread-safe), a stack of them since ``_default`` packs
+        # nested values (a tuple's items) while the outer one is busy.
+        self._local = threading.local()
+        # Classes already seen to cross as handles: they skip the chain of checks below.
+        self._handle_types: set[type] = set()
 
     def pack(self, obj: Any) -> bytes:
         """Returns the bytes of ``obj`` (see the module docstring for what may cross)."""
@@ -68,11 +75,20 @@ class Codec:
                                use_list=True)
 
     def _packb(self, obj: Any) -> bytes:
-        return msgpack.packb(obj, default=self._default, strict_types=True, use_bin_type=True)
+        free = getattr(self._local, "free", None)
+        if free is None:
+            free = self._local.free = []
+        packer = free.pop() if free else msgpack.Packer(default=self._default, strict_types=True,
+                                                        use_bin_type=True)
+        data = packer.pack(obj)  # NOTE: a Packer that raised is dropped, not reused
+        free.append(packer)
+        return data
 
     def _default(self, obj: Any) -> msgpack.ExtType:  # noqa: C901 — one branch per type
         # NOTE: strict_types sends every subclass here: its value is taken with the *base*
         # class's own methods, so an overridden __eq__/__int__ never decides what crosses.
+        if type(obj) in self._handle_types:
+            return msgpack.ExtType(EXT_HANDLE, self._packb(self._to_handle(obj)))
         if isinstance(obj, _BigInt):
             return msgpack.ExtType(EXT_BIGINT, int.__repr__(obj.value).encode())
         if isinstance(obj, np.ndarray):
@@ -121,7 +137,10 @@ class Codec:
         if cupy is not None and isinstance(obj, cupy.ndarray):
             # NOTE: through host memory; CUDA IPC would avoid the copy (see README).
             return msgpack.ExtType(EXT_CUPY, self._packb(_array_fields(cupy.asnumpy(obj))))
-        return msgpack.ExtType(EXT_HANDLE, self._packb(self._to_handle(obj)))
+        payload = self._to_handle(obj)
+        if obj is not Ellipsis:
+            self._handle_types.add(type(obj))
+        return msgpack.ExtType(EXT_HANDLE, self._packb(payload))
 
     def _ext(self, code: int, data: bytes) -> Any:  # noqa: C901
         if code == EXT_TUPLE:

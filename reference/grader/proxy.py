@@ -33,11 +33,13 @@ import msgpack
 from reference import errors as reference_errors
 from reference.grader.codec import Codec
 from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, make_worker_home, worker_command
-from reference.grader.worker import read_frame, write_frame
+from reference.grader.worker import FrameReader, frame_header, write_all
 from reference.paths import REPO_ROOT
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
 OUTPUT_TAIL_BYTES = 64 * 1024
+#: The packed empty list: the copy-back part of most replies (nothing to unpack then).
+_EMPTY_LIST = b"\x90"
 
 
 class RemoteError(Exception):
@@ -51,7 +53,8 @@ class WorkerDiedError(RuntimeError):
 class Remote:
     """A handle on an object living in the worker."""
 
-    __slots__ = ("_client", "_hid", "_type", "_methods", "_cache", "__weakref__")
+    __slots__ = ("_client", "_hid", "_type", "_methods", "_cache", "_snap", "_names",
+                 "__weakref__")
 
     def __init__(self, client: "WorkerClient", hid: int, type_name: str, methods: list[str]):
         object.__setattr__(self, "_client", client)
@@ -59,6 +62,10 @@ class Remote:
         object.__setattr__(self, "_type", type_name)
         object.__setattr__(self, "_methods", frozenset(methods))
         object.__setattr__(self, "_cache", {} if type_name == "builtins.module" else None)
+        # (epoch, packed or unpacked attrs): the object's plain attributes as of that epoch
+        # (see WorkerClient._epoch); None when it has none. _names: their names, once known.
+        object.__setattr__(self, "_snap", None)
+        object.__setattr__(self, "_names", None)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
@@ -67,6 +74,12 @@ class Remote:
             return RemoteMethod(self, name)
         if self._cache is not None and name in self._cache:
             return self._cache[name]
+        if self._snap is not None and (self._names is None or name in self._names):
+            attrs = self._client.snapshot(self)
+            if attrs is not None and name in attrs:
+                value = attrs[name]
+                # A fresh container each read, as a round trip would give.
+                return value.copy() if type(value) in (list, dict, set) else value
         value = self._client.request("getattr", self, name)
         if self._cache is not None and isinstance(value, Remote):
             self._cache[name] = value  # a module's classes and functions do not change
@@ -146,6 +159,8 @@ class RemoteMethod:
 
 
 class _Slot:
+    """One call in flight: its reply (set once) and an event that says "look again"."""
+
     __slots__ = ("event", "reply")
 
     def __init__(self) -> None:
@@ -153,7 +168,14 @@ class _Slot:
 
 
 class WorkerClient:
-    """One worker process and the calls in flight to it."""
+    """One worker process and the calls in flight to it.
+
+    NOTE: there is no reader thread. A calling thread reads the replies itself while it holds
+    ``_read_lock`` (leader/followers): with one call in flight — nearly always — the reply goes
+    straight to the thread that waits for it, with no thread handoff (each costs a scheduler
+    wake-up, hundreds of µs on a loaded machine). With several, the reading thread hands the
+    others their replies and, once it has its own, wakes one of them to read next.
+    """
 
     def __init__(self, lab: str) -> None:
         how = os.environ.get(ISOLATED_ENV)
@@ -164,16 +186,22 @@ class WorkerClient:
         self.lab = lab
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
+        self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         self._codec = Codec(self._to_handle, self._from_handle)
         self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self._handle_lock = threading.Lock()
         self._pending: dict[int, _Slot] = {}
         self._send_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._reader = FrameReader(self._in_fd)
+        # Bumped whenever student code may have run (every request but a pure read, when it
+        # is sent and when its reply comes): a snapshot is valid only in its own epoch.
+        self._epoch = 0
+        self._epoch_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         self.dead: str | None = None
-        threading.Thread(target=self._read_replies, daemon=True).start()
         threading.Thread(target=self._drain_output, daemon=True).start()
         self.module = self.request("import", None)
 
@@ -186,13 +214,40 @@ class WorkerClient:
                         f"arrays/tensors and objects the student code returned can")
 
     def _from_handle(self, payload: list) -> Remote:
-        hid, type_name, methods = payload
+        hid, type_name, methods, attrs = payload
         with self._handle_lock:
             handle = self._handles.get(hid)
             if handle is None:
                 handle = Remote(self, hid, type_name, methods)
                 self._handles[hid] = handle
+        if attrs is not None:
+            # NOTE: decoded only while its epoch holds (see snapshot): handles inside it are
+            # stamped with the epoch current when they are decoded.
+            object.__setattr__(handle, "_snap", (self._epoch, attrs))
         return handle
+
+    def _bump_epoch(self) -> None:
+        with self._epoch_lock:
+            self._epoch += 1
+
+    def snapshot(self, handle: Remote) -> dict | None:
+        """Returns ``handle``'s plain attributes as of now (a round trip only when stale)."""
+        snap = handle._snap
+        if snap is None or snap[0] != self._epoch:
+            epoch = self._epoch
+            packed = self.request("snap", handle)
+            if packed is None:
+                object.__setattr__(handle, "_snap", None)
+                return None
+            snap = (epoch, packed)
+            if epoch != self._epoch:
+                return self._codec.unpack(packed)  # NOTE: stale already (another thread)
+        epoch, attrs = snap
+        if type(attrs) is bytes:
+            attrs = self._codec.unpack(attrs)
+            object.__setattr__(handle, "_names", frozenset(attrs))
+        object.__setattr__(handle, "_snap", (epoch, attrs))
+        return attrs
 
     # --- calls -------------------------------------------------------------------------------
     def request(self, op: str, target: Remote | None, name: str | None = None,
@@ -201,44 +256,73 @@ class WorkerClient:
         if self.dead:
             raise WorkerDiedError(self.dead)
         args = list(args)
-        kwargs = dict(kwargs or {})
+        kwargs = dict(kwargs) if kwargs else {}
         req_id = next(self._ids)
         body = self._codec.pack([req_id, op, target, name, args, kwargs])
+        if op != "getattr" and op != "snap":
+            self._bump_epoch()
         slot = _Slot()
         self._pending[req_id] = slot
         try:
             with self._send_lock:
-                write_frame(self.proc.stdin, body)
-            while not slot.event.wait(0.25):
-                if self.dead:
-                    break
+                write_all(self._out_fd, frame_header(len(body)) + body)
+            self._await(slot)
         except BaseException:
             # NOTE: abandoned mid-call (a timeout, Ctrl-C, a broken pipe): the worker may be
-            # stuck in that call, so it goes; the next test starts a fresh one.
+            # stuck in that call, and a half-read frame leaves the stream unusable, so it
+            # goes; the next test starts a fresh one.
             self.kill("a call was abandoned (timeout or interrupt)")
             raise
         finally:
             self._pending.pop(req_id, None)
         if slot.reply is None:
             raise WorkerDiedError(self.dead or "the worker died")
-        status, payload, back = slot.reply
+        status, payload, back, pure = slot.reply
+        if not pure:
+            self._bump_epoch()
         if status:
             raise _rebuild_exception(self._codec.unpack(payload))
-        _copy_back(self._codec.unpack(back), args, kwargs)
+        if back != _EMPTY_LIST:
+            _copy_back(self._codec.unpack(back), args, kwargs)
         return self._codec.unpack(payload)
 
-    def _read_replies(self) -> None:
-        stream = self.proc.stdout
-        while (frame := read_frame(stream)) is not None:
-            req_id, status, payload, back = msgpack.unpackb(frame, raw=False)
-            slot = self._pending.get(req_id)
-            if slot is not None:
-                slot.reply = (status, payload, back)
-                slot.event.set()
-        code = self.proc.wait()
-        self._mark_dead(f"the student's process (worker) died with {_exit_text(code)} while "
-                        f"a call ran: os._exit, a crash or a kill — no points for that test"
-                        f"{self.output_tail()}")
+    def _await(self, slot: _Slot) -> None:
+        """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""
+        while True:
+            slot.event.clear()  # NOTE: before the checks, so a wake-up after them is not lost
+            if slot.reply is not None or self.dead:
+                return
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    self._read_until(slot)
+                finally:
+                    self._read_lock.release()
+                    self._wake_a_waiter()
+                continue
+            slot.event.wait(0.25)
+
+    def _read_until(self, slot: _Slot) -> None:
+        while slot.reply is None and not self.dead:
+            frame = self._reader.read()
+            if frame is None:
+                code = self.proc.wait()
+                self._mark_dead(f"the student's process (worker) died with {_exit_text(code)} "
+                                f"while a call ran: os._exit, a crash or a kill — no points for "
+                                f"that test{self.output_tail()}")
+                return
+            req_id, status, payload, back, pure = msgpack.unpackb(frame, raw=False)
+            other = self._pending.get(req_id)
+            if other is not None:
+                other.reply = (status, payload, back, pure)
+                if other is not slot:
+                    other.event.set()
+
+    def _wake_a_waiter(self) -> None:
+        """Wakes one thread still waiting for a reply, to read in turn."""
+        for other in list(self._pending.values()):
+            if other.reply is None:
+                other.event.set()
+                return
 
     def _drain_output(self) -> None:
         fd = self.proc.stderr.fileno()
