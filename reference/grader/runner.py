@@ -39,6 +39,10 @@ from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
 #: Per-test limit when grading (seconds). The slowest lab test takes a few seconds on a CPU.
 DEFAULT_TEST_TIMEOUT_S = 60.0
+#: Isolated grading multiplies the per-test limit (and the lab's): every call to student code
+#: is a round trip to the worker (measured: ``pagedlab bench isolation``, README). Lab 1's
+#: state machine makes ~10^5 of them; on a loaded 2-core machine each can cost 0.5 ms.
+ISOLATED_TIMEOUT_FACTOR = 3.0
 #: How long past the per-test limit the watchdog waits before killing a stuck test process
 #: (``PAGEDLAB_KILL_GRACE_S`` overrides it; the infrastructure tests shorten it).
 KILL_GRACE_S = float(os.environ.get("PAGEDLAB_KILL_GRACE_S", "15"))
@@ -110,6 +114,7 @@ def run_lab_tests(
         progress: told when each lab starts and ends, and as test results arrive.
         isolated: run student code only in an unprivileged worker process
             (:mod:`reference.grader.proxy`); the tests and this log stay in the test process.
+            Both time limits are then :data:`ISOLATED_TIMEOUT_FACTOR` times longer.
 
     Returns:
         Records for every expected test of every lab (failed where no result came back).
@@ -123,6 +128,9 @@ def run_lab_tests(
         # Refuse now, saying why, rather than fail every test; the test processes learn how
         # to switch users from the variable (root or sudo).
         env = {**(env or {}), ISOLATED_ENV: ensure_worker_user()}
+        timeout_s *= ISOLATED_TIMEOUT_FACTOR
+        if test_timeout_s:
+            test_timeout_s *= ISOLATED_TIMEOUT_FACTOR
     runs = [
         _run_lab(lab, impl=impl, env=env, only=only, extra_args=extra_args, timeout_s=timeout_s,
                  test_timeout_s=test_timeout_s, include_hidden=include_hidden,

@@ -74,6 +74,8 @@ def ensure_worker_user() -> str:
                                  f"{made.stderr.strip()}") from None
     from reference.paths import REPO_ROOT
 
+    if how == "root":
+        grant_traverse([Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO_ROOT])
     try:
         probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
                                                "import numpy, reference.grader.worker"],
@@ -87,6 +89,30 @@ def ensure_worker_user() -> str:
             f"({probe.stderr.strip()[-300:]}): Python and the workbook must be readable by "
             f"every user (not under a private home)")
     return how
+
+
+def grant_traverse(paths: list[Path]) -> list[Path]:
+    """Lets every user *enter* (``o+x``, not list) each folder above ``paths`` (root only).
+
+    The worker's user must reach the interpreter and the workbook; a CI runner or a container
+    often keeps them under ``/root`` (mode 0700). Entering a folder reveals nothing by itself:
+    its listing stays private, and only files that are readable by everyone (as the
+    interpreter's are) can be opened by a name known in advance.
+
+    Args:
+        paths: files or folders the worker must reach.
+
+    Returns:
+        The folders whose mode was changed.
+    """
+    changed = []
+    for path in paths:
+        for folder in Path(path).parents:
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                folder.chmod(mode | 0o001)
+                changed.append(folder)
+    return changed
 
 
 def _switch(how: str) -> list[str]:
