@@ -97,7 +97,13 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
     return reporter_total(encoded)
 
 
-@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", 41), ("half", "partial")])
+# NOTE: the Classroom step grades isolated; graded code that passes makes thousands of calls
+# into the worker (minutes on 2 cores), so those cases are slow (CI: pytest -m slow).
+@pytest.mark.parametrize("starter, expect", [
+    (None, 0),
+    pytest.param("solution", 41, marks=pytest.mark.slow),
+    pytest.param("half", "partial", marks=pytest.mark.slow),
+])
 def test_classroom_workflow_steps_grade_the_release(release, tmp_path, starter, expect):
     """The workflow's per-lab step gives Classroom 0/41 for the untouched release, 41/41 with
     the solution, and partial credit (exactly what `pagedlab grade` scores) in between."""

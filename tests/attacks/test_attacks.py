@@ -39,7 +39,8 @@ try:
     CANNOT = None
 except IsolationError as exc:
     CANNOT = str(exc)
-pytestmark = pytest.mark.skipif(CANNOT is not None, reason=f"isolation unavailable: {CANNOT}")
+pytestmark = [pytest.mark.skipif(CANNOT is not None, reason=f"isolation unavailable: {CANNOT}"),
+              pytest.mark.slow]  # minutes: every attack through three grading paths
 
 TESTS = '''
 import pytest
