@@ -12,6 +12,13 @@ Exceptions come back as data and are raised again as the *trusted* class of that
 other is :class:`RemoteError`. A worker that dies fails the running call with
 :class:`WorkerDiedError`; the next test gets a fresh worker.
 
+Round trips are the cost of isolation, so a handle also carries a snapshot of the object's
+small plain attributes (instance ``__dict__`` entries and slots; see
+:func:`reference.grader.worker._plain_attrs`): ``block.ref_count`` is answered from it while no
+call that may have run student code was sent or answered since (``WorkerClient._epoch``).
+NOTE: a worker that lies about purity only keeps its own, earlier values in view longer —
+values its code could have returned anyway; what crosses is still rebuilt by the codec.
+
 NOTE: a ``Remote`` never forwards ``==`` against a plain value (only against another handle):
 a student object claiming to equal everything compares equal to nothing the test wrote.
 """
@@ -198,6 +205,7 @@ class WorkerClient:
         # is sent and when its reply comes): a snapshot is valid only in its own epoch.
         self._epoch = 0
         self._epoch_lock = threading.Lock()
+        self._local = threading.local()  # .stamp: the epoch of what is being decoded
         self._ids = itertools.count(1)
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
@@ -221,10 +229,15 @@ class WorkerClient:
                 handle = Remote(self, hid, type_name, methods)
                 self._handles[hid] = handle
         if attrs is not None:
-            # NOTE: decoded only while its epoch holds (see snapshot): handles inside it are
-            # stamped with the epoch current when they are decoded.
-            object.__setattr__(handle, "_snap", (self._epoch, attrs))
+            # NOTE: stamped with the epoch of the reply (or snapshot) being decoded, never a
+            # later one: another thread's call may have changed the object since.
+            object.__setattr__(handle, "_snap", (self._local.stamp, attrs))
         return handle
+
+    def _decode(self, data: bytes, stamp: int) -> Any:
+        """Unpacks ``data``, stamping the snapshots of handles in it with epoch ``stamp``."""
+        self._local.stamp = stamp
+        return self._codec.unpack(data)
 
     def _bump_epoch(self) -> None:
         with self._epoch_lock:
@@ -240,11 +253,9 @@ class WorkerClient:
                 object.__setattr__(handle, "_snap", None)
                 return None
             snap = (epoch, packed)
-            if epoch != self._epoch:
-                return self._codec.unpack(packed)  # NOTE: stale already (another thread)
         epoch, attrs = snap
         if type(attrs) is bytes:
-            attrs = self._codec.unpack(attrs)
+            attrs = self._decode(attrs, epoch)
             object.__setattr__(handle, "_names", frozenset(attrs))
         object.__setattr__(handle, "_snap", (epoch, attrs))
         return attrs
@@ -280,11 +291,12 @@ class WorkerClient:
         status, payload, back, pure = slot.reply
         if not pure:
             self._bump_epoch()
+        stamp = self._epoch
         if status:
-            raise _rebuild_exception(self._codec.unpack(payload))
+            raise _rebuild_exception(self._decode(payload, stamp))
         if back != _EMPTY_LIST:
-            _copy_back(self._codec.unpack(back), args, kwargs)
-        return self._codec.unpack(payload)
+            _copy_back(self._decode(back, stamp), args, kwargs)
+        return self._decode(payload, stamp)
 
     def _await(self, slot: _Slot) -> None:
         """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""
