@@ -202,9 +202,11 @@ def _numeric_dtype(text: str) -> np.dtype:
 
 
 def _array_fields(obj: np.ndarray) -> list:
-    arr = np.ascontiguousarray(np.ndarray.view(obj, np.ndarray))
+    base = np.ndarray.view(obj, np.ndarray)
+    # NOTE: the shape is the array's own: ascontiguousarray turns a 0-d array into shape (1,).
+    arr = np.ascontiguousarray(base)
     _check_dtype(arr.dtype, type(obj))
-    return [arr.dtype.str, list(arr.shape), arr.tobytes()]
+    return [arr.dtype.str, list(base.shape), arr.tobytes()]
 
 
 def _rebuild_array(fields: list) -> np.ndarray:
@@ -225,6 +227,8 @@ def _tensor_fields(torch, obj) -> list:
     t = obj.detach()
     if t.dtype not in _TORCH_OK(torch):
         raise TypeError(f"a torch.Tensor of dtype {t.dtype} cannot cross the grading boundary")
+    if t.is_meta:
+        return [str(t.dtype), list(t.shape), b"", "meta"]  # NOTE: shape and dtype only, no data
     host = t.to("cpu").contiguous().reshape(-1)
     raw = host.view(torch.uint8).numpy().tobytes() if host.numel() else b""
     return [str(t.dtype), list(t.shape), raw, str(t.device)]
@@ -237,6 +241,8 @@ def _rebuild_tensor(fields: list):
     dtype = _torch_dtype(dtype_name)
     if dtype not in _TORCH_OK(torch):
         raise TypeError(f"a torch.Tensor of dtype {dtype} cannot cross the grading boundary")
+    if device == "meta":
+        return torch.empty(shape, dtype=dtype, device="meta")
     if not raw:
         out = torch.empty(shape, dtype=dtype)
     else:

@@ -377,6 +377,8 @@ def _is_array(value) -> bool:
 def _raw(value) -> bytes:
     if isinstance(value, np.ndarray):
         return value.tobytes()
+    if value.is_meta:
+        return b""  # NOTE: a meta tensor has no data: nothing a call can write into
     return value.detach().cpu().contiguous().reshape(-1).view(__import__("torch").uint8) \
         .numpy().tobytes()
 
