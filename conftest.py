@@ -3,6 +3,8 @@
 * Loads the grading plugin (points marker, grade table, JSON report): ``reference.grader.grading``.
 * Provides the ``impl`` fixture: the implementation of the lab a test lives in, chosen by
   ``LAB_IMPL`` (see ``reference/loader.py``). Tests never import ``starter``/``solution``.
+  Under isolated grading (``PAGEDLAB_ISOLATED`` set) it is a proxy for that module, which lives
+  in an unprivileged worker process (``reference/grader/proxy.py``).
 * Makes hypothesis deterministic, so a grade never depends on a lucky draw.
 """
 
@@ -13,6 +15,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from reference.grader.sandbox import ISOLATED_ENV
 from reference.loader import MUTANT_DIR_ENV, load_impl
 from reference.paths import lab_of_path
 
@@ -47,6 +50,11 @@ def impl(request: pytest.FixtureRequest):
     lab = lab_of_path(request.node.path)
     if lab is None:
         raise RuntimeError(f"{request.node.nodeid} is not inside labs/<lab>/; use load_impl()")
+    if os.environ.get(ISOLATED_ENV):
+        # Grading: student code runs only in a worker process (reference/grader/proxy.py).
+        from reference.grader.proxy import remote_impl
+
+        return remote_impl(lab)
     return load_impl(lab)
 
 

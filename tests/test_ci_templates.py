@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def _student(release: Path, dest: Path, starter: str | None = None) -> Path:
     shutil.copytree(release, dest)
     if starter is not None:
         (dest / "labs" / LAB1 / "starter.py").write_text(starter)
+    # NOTE: the Classroom step grades isolated: the worker's user must reach and read the tree
+    # (pytest's own temporary folders are private to root).
+    for parent in dest.parents:
+        if str(parent).startswith(tempfile.gettempdir() + "/"):
+            parent.chmod(parent.stat().st_mode | 0o005)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o005 if path.is_dir() else 0o004))
     return dest
 
 
@@ -92,7 +100,13 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
     return reporter_total(encoded)
 
 
-@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", LAB1_PUBLIC_POINTS), ("half", "partial")])
+# NOTE: the Classroom step grades isolated; graded code that passes makes thousands of calls
+# into the worker (minutes on 2 cores), so those cases are slow (CI: pytest -m slow).
+@pytest.mark.parametrize("starter, expect", [
+    (None, 0),
+    pytest.param("solution", LAB1_PUBLIC_POINTS, marks=pytest.mark.slow),
+    pytest.param("half", "partial", marks=pytest.mark.slow),
+])
 def test_classroom_workflow_steps_grade_the_release(release, tmp_path, starter, expect):
     """The workflow's per-lab step gives Classroom 0/N for the untouched release, N/N with
     the solution, and partial credit (exactly what `pagedlab grade` scores) in between."""

@@ -135,13 +135,17 @@ def grade_submission(submission: Path, results: Path) -> int:
         notes += [f"submission: {note} — ignored, graded with the original"
                   for note in tamper.notes()]
     os.environ["LAB_IMPL"] = "starter"
+    hidden = REPO_ROOT / "hidden"
+    if hidden.is_dir():
+        hidden.chmod(0o700)  # NOTE: the worker's user may not read the hidden tests' source
     parser = argparse.ArgumentParser()
     grade.add_arguments(parser)
     with tempfile.TemporaryDirectory(prefix="pagedlab-autograder-") as tmp:
         args = parser.parse_args([*labs, "--results", str(results), "--summary",
                                   str(Path(tmp) / "summary.md"), "--timeout",
                                   str(config.get("timeout_s", 60)), "--on-tamper",
-                                  config.get("on_tamper", "flag"), "--quiet"])
+                                  config.get("on_tamper", "zero"), "--manifest-digest",
+                                  config["manifest_digest"], "--isolated", "--quiet"])
         return grade.main(args, extra_notes=notes, extra_tamper=tamper)
 
 

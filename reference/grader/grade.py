@@ -36,6 +36,7 @@ from reference.paths import REPO_ROOT, SOLUTIONS_DIR, lab_names, resolve_labs
 from reference.grader.progress import Progress
 from reference.grader.results import TestResult, points_float, total_points
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
+from reference.grader.sandbox import IsolationError
 
 EXIT_OK, EXIT_BELOW, EXIT_CANNOT_GRADE, EXIT_UNTRUSTED = 0, 1, 2, 3
 
@@ -54,11 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"release manifest to verify (default: ./{MANIFEST_NAME} if present)")
     parser.add_argument("--manifest-digest", default=None,
                         help="expected digest of the manifest (as printed by pagedlab release)")
-    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="flag",
-                        help="protected files changed: flag them (default), score the labs "
-                             "they affect 0, or refuse to grade")
+    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="zero",
+                        help="protected files changed: score the labs they affect 0 "
+                             "(default), only flag them, or refuse to grade")
     parser.add_argument("--classroom", action="store_true",
                         help="also write the GitHub Classroom step result to $GITHUB_OUTPUT")
+    parser.add_argument("--isolated", action="store_true",
+                        help="run student code only in an unprivileged worker process (the "
+                             "grading mode; default with --classroom and on Gradescope)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -148,6 +152,12 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     except LabImplError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
         return EXIT_CANNOT_GRADE
+    if args.classroom and not args.manifest_digest:
+        # NOTE: without the pin, a student who edits a test and rewrites the manifest to
+        # match is graded as untouched.
+        print("pagedlab: --classroom needs --manifest-digest (the digest `pagedlab release` "
+              "printed, pinned in the workflow)", file=sys.stderr)
+        return EXIT_CANNOT_GRADE
     labs = resolve_labs(args.labs) if args.labs else lab_names()
     manifest, notes = _manifest(args)
     tamper = Tamper(edited=[MANIFEST_NAME]) if notes else Tamper()
@@ -179,7 +189,12 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     try:
         run = run_lab_tests(labs, impl=impl, test_timeout_s=args.timeout or None,
                             include_hidden=not args.no_hidden, expected=expected,
-                            progress=progress)
+                            progress=progress, isolated=args.isolated or args.classroom)
+    except IsolationError as exc:
+        error = f"cannot grade isolated: {exc}"
+        print(f"pagedlab: {error}", file=sys.stderr)
+        _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=error, expected=expected)
+        return EXIT_CANNOT_GRADE
     except GradingRunError as exc:
         print(f"pagedlab: grading failed: {exc}", file=sys.stderr)
         _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=f"grading failed: {exc}",

@@ -41,13 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("labs", nargs="*", help="labs this assignment grades (default: all)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TEST_TIMEOUT_S,
                         help="per-test time limit in seconds (default %(default)g)")
-    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="flag",
+    parser.add_argument("--on-tamper", choices=("flag", "zero", "refuse"), default="zero",
                         help="when a submission edited protected files (they are never used: "
-                             "grading runs the bundle's copies): flag, score 0, or refuse")
+                             "grading runs the bundle's copies): score 0 (default), flag, or "
+                             "refuse")
 
 
 def build_bundle(zip_path: Path, labs: list[str], *, timeout_s: float = DEFAULT_TEST_TIMEOUT_S,
-                 on_tamper: str = "flag", log=print) -> tuple[dict, list[str]]:
+                 on_tamper: str = "zero", log=print) -> tuple[dict, list[str]]:
     """Writes the autograder zip.
 
     Args:

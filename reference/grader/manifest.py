@@ -37,6 +37,8 @@ SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothes
 STARTUP_FILES = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth")
 #: Root-level files pytest may read its configuration from.
 ROOT_CONFIG = ("pyproject.toml", "pytest.ini", "tox.ini", "setup.cfg", "conftest.py")
+#: Importable files: one at the root shadows a module of that name in every grading process.
+ROOT_CODE = (".py", ".pyc", ".pyo", ".so", ".pyd", ".pth")
 
 
 def _parts(rel: str) -> list[str]:
@@ -51,12 +53,14 @@ def is_protected(rel: str) -> bool:
     """
     parts = _parts(rel)
     name = parts[-1]
-    if name.endswith((".pyc", ".pyo")) or "__pycache__" in parts:
-        return False
+    if "__pycache__" in parts:
+        return False  # NOTE: grading never reads bytecode caches (runner: PYTHONPYCACHEPREFIX)
     if any(fnmatch.fnmatch(name, pat) for pat in STARTUP_FILES):
         return True
     if len(parts) == 1:
-        return name in ROOT_CONFIG
+        # Code at the root is on sys.path of every grading process: a root ``pytest.py`` or
+        # ``numpy.py`` would replace the real one, so any added there is flagged.
+        return name in ROOT_CONFIG or name.endswith(ROOT_CODE)
     if parts[0] in ("reference", "hidden"):
         return True
     if parts[0] == "labs":

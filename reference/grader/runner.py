@@ -33,11 +33,16 @@ from typing import Protocol
 
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
+from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
 #: Per-test limit when grading (seconds). The slowest lab test takes a few seconds on a CPU.
 DEFAULT_TEST_TIMEOUT_S = 60.0
+#: Isolated grading multiplies the per-test limit (and the lab's): every call to student code
+#: is a round trip to the worker (measured: ``pagedlab bench isolation``, README). Lab 1's
+#: state machine makes ~10^5 of them; on a loaded 2-core machine each can cost 0.5 ms.
+ISOLATED_TIMEOUT_FACTOR = 3.0
 #: How long past the per-test limit the watchdog waits before killing a stuck test process
 #: (``PAGEDLAB_KILL_GRACE_S`` overrides it; the infrastructure tests shorten it).
 KILL_GRACE_S = float(os.environ.get("PAGEDLAB_KILL_GRACE_S", "15"))
@@ -90,6 +95,7 @@ def run_lab_tests(
     include_hidden: bool = True,
     expected: dict[str, dict[str, object]] | None = None,
     progress: ProgressFn | None = None,
+    isolated: bool = False,
 ) -> RunResult:
     """Runs the tests of each lab in its own child pytest process.
 
@@ -106,6 +112,9 @@ def run_lab_tests(
             (a manifest's list);
             labs absent here expect what their collection finds.
         progress: told when each lab starts and ends, and as test results arrive.
+        isolated: run student code only in an unprivileged worker process
+            (:mod:`reference.grader.proxy`); the tests and this log stay in the test process.
+            Both time limits are then :data:`ISOLATED_TIMEOUT_FACTOR` times longer.
 
     Returns:
         Records for every expected test of every lab (failed where no result came back).
@@ -113,7 +122,15 @@ def run_lab_tests(
     Raises:
         GradingRunError: a lab's child collected nothing and nothing was expected of it, or
             no lab had any test.
+        IsolationError: ``isolated`` but no other user can run student code here.
     """
+    if isolated:
+        # Refuse now, saying why, rather than fail every test; the test processes learn how
+        # to switch users from the variable (root or sudo).
+        env = {**(env or {}), ISOLATED_ENV: ensure_worker_user()}
+        timeout_s *= ISOLATED_TIMEOUT_FACTOR
+        if test_timeout_s:
+            test_timeout_s *= ISOLATED_TIMEOUT_FACTOR
     runs = [
         _run_lab(lab, impl=impl, env=env, only=only, extra_args=extra_args, timeout_s=timeout_s,
                  test_timeout_s=test_timeout_s, include_hidden=include_hidden,
@@ -318,8 +335,7 @@ def _death_message(child: _Child, test_timeout_s: float | None) -> str:
 
 def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, test_timeout_s,
                progress, done, total) -> _Child:
-    child_env = dict(os.environ)
-    child_env.pop("PYTEST_ADDOPTS", None)
+    child_env = _child_env()
     if impl is not None:
         child_env["LAB_IMPL"] = impl
     child_env.update(env or {})
@@ -327,12 +343,20 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
     # NOTE: mkdtemp is private (0700) and unpredictable; the log is signed anyway.
     with tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
         log, out_path = Path(tmp) / "log.jsonl", Path(tmp) / "output.txt"
+        # Bytecode lives in a private, fresh folder: a committed __pycache__/*.pyc (an
+        # "unchecked-hash" one is never compared with its source) is then never read.
+        child_env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         # NOTE: -p no:nbval — grading runs no notebooks, and nbval's imports cost seconds per
         # child (nbformat -> jsonschema); every lab and every restart pays process start-up.
-        cmd = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
+        # NOTE: -s: no user site-packages (a .pth there runs at start-up).
+        cmd = [sys.executable, "-s", "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
                "-p", "no:nbval",
                "--pagedlab-log", str(log), "--rootdir", str(REPO_ROOT),
-               "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors"]
+               "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors",
+               # Only test_*.py is a test file: pytest's default also collects *_test.py, a
+               # name a student could give a file of their own (with hooks in it).
+               "-o", "python_files=test_*.py", "-o", "python_classes=Test*",
+               "-o", "python_functions=test_*"]
         if test_timeout_s and importlib.util.find_spec("pytest_timeout") is not None:
             cmd += [f"--timeout={test_timeout_s:g}", "--timeout-method=signal"]
         if only:
@@ -356,6 +380,21 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         events += tail.poll(final=True)
         output = out_path.read_text(errors="replace")
     return _Child(proc.returncode, killed, output, events, tail.rejected)
+
+
+#: Variables of the grader's environment a test process never gets: CI's files for steering
+#: later steps (a student's code appending PYTHONPATH to $GITHUB_ENV), pytest/Python start-up hooks.
+DROPPED_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONPATH",
+               "PYTHONHOME", "PYTHONUSERBASE", "LD_PRELOAD", "LD_LIBRARY_PATH", "GITHUB_ENV",
+               "GITHUB_OUTPUT", "GITHUB_PATH", "GITHUB_STATE", "GITHUB_STEP_SUMMARY",
+               "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "GITHUB_TOKEN")
+
+
+def _child_env() -> dict[str, str]:
+    """Returns the test process's environment: the grader's, less :data:`DROPPED_ENV`."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def _watch(proc: subprocess.Popen, tail: LogTail, *, lab, timeout_s, test_timeout_s, progress,

@@ -16,6 +16,7 @@ machine can run and stores the set of tests it fails in ``solutions/<lab>/mutant
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -46,11 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signatures", action="store_true",
                         help="compute and store each mutant's failure signature (all its lab's tests)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
+    parser.add_argument("--isolated", action="store_true",
+                        help="run the implementations in the unprivileged worker, as grading does")
 
 
-def check_solution(labs: list[str] | None) -> list[str]:
+def check_solution(labs: list[str] | None, isolated: bool = False) -> list[str]:
     """(a) Returns problems: solution tests that did not pass."""
-    run = run_lab_tests(labs, impl="solution")
+    run = run_lab_tests(labs, impl="solution", isolated=isolated)
     bad = [r for r in run.records if r.failed]
     skipped = [r for r in run.records if r.skipped]
     print(f"(a) solutions: {len(run.records) - len(bad) - len(skipped)} passed, "
@@ -61,9 +64,9 @@ def check_solution(labs: list[str] | None) -> list[str]:
     return [f"solution fails {r.nodeid}: {r.message}" for r in bad] + run.problems
 
 
-def check_starter(labs: list[str] | None) -> list[str]:
+def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
     """(b) Returns problems: starter tests that passed or failed without a TODO."""
-    run = run_lab_tests(labs, impl="starter")
+    run = run_lab_tests(labs, impl="starter", isolated=isolated)
     problems = []
     for r in run.records:
         if r.passed:
@@ -77,16 +80,18 @@ def check_starter(labs: list[str] | None) -> list[str]:
     return problems + run.problems
 
 
-def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
+def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | None]:
     """Returns (mutant, problem or None)."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        if isolated:
+            os.chmod(tmp, 0o755)  # NOTE: the worker's user reads the mutant copy (no secret)
         try:
             folder = build_mutant(mutant, Path(tmp))
         except MutantSpecError as exc:
             return mutant, str(exc)
         try:
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                only=mutant.caught_by, timeout_s=900)
+                                only=mutant.caught_by, timeout_s=900, isolated=isolated)
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
     by_name: dict[str, list[TestResult]] = {}
@@ -110,7 +115,7 @@ def _check_one(mutant: Mutant) -> tuple[Mutant, str | None]:
     return mutant, None
 
 
-def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
+def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> list[str]:
     """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts."""
     mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
     # Under PAGEDLAB_DEVICE=emulate the GPU mutants run on the emulated device too; those whose
@@ -128,7 +133,7 @@ def check_mutants(labs: list[str] | None, jobs: int) -> list[str]:
                                 f"(mutant {m.name})")
     print(f"(c) mutants: checking {len(runnable)} ({len(waiting)} need a GPU, not checked here)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for mutant, problem in pool.map(_check_one, runnable):
+        for mutant, problem in pool.map(lambda m: _check_one(m, isolated), runnable):
             if problem is not None and problem.startswith(GPU_ONLY_PREFIX):
                 print(f"      {mutant.lab}/{mutant.name}: needs a GPU ({problem[len(GPU_ONLY_PREFIX):]}"
                       " is GPU-only under emulation)")
@@ -230,11 +235,11 @@ def main(args: argparse.Namespace) -> int:
         if not args.skip_contracts:
             problems += check_contracts(labs)
         if not args.skip_solution:
-            problems += check_solution(labs)
+            problems += check_solution(labs, args.isolated)
         if not args.skip_starter:
-            problems += check_starter(labs)
+            problems += check_starter(labs, args.isolated)
         if not args.skip_mutants:
-            problems += check_mutants(labs, args.jobs)
+            problems += check_mutants(labs, args.jobs, args.isolated)
     except GradingRunError as exc:
         problems.append(f"a test run broke: {exc}")
     if problems:

@@ -1,0 +1,433 @@
+"""The trusted side of isolated grading: ``impl`` as a proxy for a module living in a worker.
+
+Under grading (``PAGEDLAB_ISOLATED`` set by the runner: ``root`` or ``sudo``) the ``impl`` fixture returns
+:func:`remote_impl`: attribute reads, calls and the usual operators are forwarded to the
+worker (:mod:`reference.grader.worker`), which alone imports the student's code. Values come
+back through the safe codec (:mod:`reference.grader.codec`); objects with methods stay in the
+worker and are :class:`Remote` handles here (the same object is always the same handle, so
+``is`` works). Array arguments a call writes into are copied back into the caller's arrays.
+
+Exceptions come back as data and are raised again as the *trusted* class of that name:
+``reference.errors``' classes and builtins only (walking up the student's class's bases); any
+other is :class:`RemoteError`. A worker that dies fails the running call with
+:class:`WorkerDiedError`; the next test gets a fresh worker.
+
+Round trips are the cost of isolation, so a handle also carries a snapshot of the object's
+small plain attributes (instance ``__dict__`` entries and slots; see
+:func:`reference.grader.worker._plain_attrs`): ``block.ref_count`` is answered from it while no
+call that may have run student code was sent or answered since (``WorkerClient._epoch``).
+NOTE: a worker that lies about purity only keeps its own, earlier values in view longer —
+values its code could have returned anyway; what crosses is still rebuilt by the codec.
+
+NOTE: a ``Remote`` never forwards ``==`` against a plain value (only against another handle):
+a student object claiming to equal everything compares equal to nothing the test wrote.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import weakref
+from typing import Any
+
+import msgpack
+
+from reference import errors as reference_errors
+from reference.grader.codec import Codec
+from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, make_worker_home, worker_command
+from reference.grader.worker import FrameReader, frame_header, write_all
+from reference.paths import REPO_ROOT
+
+#: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
+OUTPUT_TAIL_BYTES = 64 * 1024
+#: The packed empty list: the copy-back part of most replies (nothing to unpack then).
+_EMPTY_LIST = b"\x90"
+
+
+class RemoteError(Exception):
+    """An exception raised in student code whose class is neither a builtin nor a reference error."""
+
+
+class WorkerDiedError(RuntimeError):
+    """The student's process died (exit, signal, kill) while serving a call."""
+
+
+class Remote:
+    """A handle on an object living in the worker."""
+
+    __slots__ = ("_client", "_hid", "_type", "_methods", "_cache", "_snap", "_names",
+                 "__weakref__")
+
+    def __init__(self, client: "WorkerClient", hid: int, type_name: str, methods: list[str]):
+        object.__setattr__(self, "_client", client)
+        object.__setattr__(self, "_hid", hid)
+        object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_methods", frozenset(methods))
+        object.__setattr__(self, "_cache", {} if type_name == "builtins.module" else None)
+        # (epoch, packed or unpacked attrs): the object's plain attributes as of that epoch
+        # (see WorkerClient._epoch); None when it has none. _names: their names, once known.
+        object.__setattr__(self, "_snap", None)
+        object.__setattr__(self, "_names", None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # NOTE: copy/pickle/numpy probe dunders: never forwarded
+        if name in self._methods:
+            return RemoteMethod(self, name)
+        if self._cache is not None and name in self._cache:
+            return self._cache[name]
+        if self._snap is not None and (self._names is None or name in self._names):
+            attrs = self._client.snapshot(self)
+            if attrs is not None and name in attrs:
+                value = attrs[name]
+                # A fresh container each read, as a round trip would give.
+                return value.copy() if type(value) in (list, dict, set) else value
+        value = self._client.request("getattr", self, name)
+        if self._cache is not None and isinstance(value, Remote):
+            self._cache[name] = value  # a module's classes and functions do not change
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._client.request("setattr", self, name, [value])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._client.request("call", self, None, args, kwargs)
+
+    def _op(self, name: str, *args: Any) -> Any:
+        return self._client.request("op", self, name, args)
+
+    def __len__(self) -> int:
+        return self._op("len")
+
+    def __iter__(self):
+        return iter(self._op("iter"))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._op("getitem", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._op("setitem", key, value)
+
+    def __contains__(self, item: Any) -> bool:
+        return self._op("contains", item)
+
+    def __bool__(self) -> bool:
+        return self._op("bool")
+
+    def __index__(self) -> int:
+        return self._op("index")
+
+    def __float__(self) -> float:
+        return self._op("float")
+
+    def __repr__(self) -> str:
+        try:
+            return self._op("repr")
+        except Exception as exc:  # noqa: BLE001 — a failing repr must not hide the test's failure
+            return f"<{self._type} in the worker; repr failed: {exc}>"
+
+    def __str__(self) -> str:
+        return self._op("str")
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Remote):
+            return self is other or self._op("eq", other)
+        return NotImplemented
+
+    def __ne__(self, other: Any) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, Remote) and self._op("isinstance", obj)
+
+
+class RemoteMethod:
+    """A method of a :class:`Remote`, called in one round trip."""
+
+    __slots__ = ("_owner", "_name")
+
+    def __init__(self, owner: Remote, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._owner._client.request("callmethod", self._owner, self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<remote method {self._owner._type}.{self._name}>"
+
+
+class _Slot:
+    """One call in flight: its reply (set once) and an event that says "look again"."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event, self.reply = threading.Event(), None
+
+
+class WorkerClient:
+    """One worker process and the calls in flight to it.
+
+    NOTE: there is no reader thread. A calling thread reads the replies itself while it holds
+    ``_read_lock`` (leader/followers): with one call in flight — nearly always — the reply goes
+    straight to the thread that waits for it, with no thread handoff (each costs a scheduler
+    wake-up, hundreds of µs on a loaded machine). With several, the reading thread hands the
+    others their replies and, once it has its own, wakes one of them to read next.
+    """
+
+    def __init__(self, lab: str) -> None:
+        how = os.environ.get(ISOLATED_ENV)
+        if how not in ("root", "sudo"):
+            how = ensure_worker_user()
+        self.home = make_worker_home()
+        argv, extra = worker_command([lab], how, self.home)
+        self.lab = lab
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
+        self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self._codec = Codec(self._to_handle, self._from_handle)
+        self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
+        self._handle_lock = threading.Lock()
+        self._pending: dict[int, _Slot] = {}
+        self._send_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._reader = FrameReader(self._in_fd)
+        # Bumped whenever student code may have run (every request but a pure read, when it
+        # is sent and when its reply comes): a snapshot is valid only in its own epoch.
+        self._epoch = 0
+        self._epoch_lock = threading.Lock()
+        self._local = threading.local()  # .stamp: the epoch of what is being decoded
+        self._ids = itertools.count(1)
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_bytes = 0
+        self.dead: str | None = None
+        threading.Thread(target=self._drain_output, daemon=True).start()
+        self.module = self.request("import", None)
+
+    # --- codec hooks -------------------------------------------------------------------------
+    def _to_handle(self, obj: Any) -> list:
+        if isinstance(obj, Remote) and obj._client is self:
+            return [obj._hid]
+        raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be passed "
+                        f"to student code when grading isolated: only plain values, numeric "
+                        f"arrays/tensors and objects the student code returned can")
+
+    def _from_handle(self, payload: list) -> Remote:
+        hid, type_name, methods, attrs = payload
+        with self._handle_lock:
+            handle = self._handles.get(hid)
+            if handle is None:
+                handle = Remote(self, hid, type_name, methods)
+                self._handles[hid] = handle
+        if attrs is not None:
+            # NOTE: stamped with the epoch of the reply (or snapshot) being decoded, never a
+            # later one: another thread's call may have changed the object since.
+            object.__setattr__(handle, "_snap", (self._local.stamp, attrs))
+        return handle
+
+    def _decode(self, data: bytes, stamp: int) -> Any:
+        """Unpacks ``data``, stamping the snapshots of handles in it with epoch ``stamp``."""
+        self._local.stamp = stamp
+        return self._codec.unpack(data)
+
+    def _bump_epoch(self) -> None:
+        with self._epoch_lock:
+            self._epoch += 1
+
+    def snapshot(self, handle: Remote) -> dict | None:
+        """Returns ``handle``'s plain attributes as of now (a round trip only when stale)."""
+        snap = handle._snap
+        if snap is None or snap[0] != self._epoch:
+            epoch = self._epoch
+            packed = self.request("snap", handle)
+            if packed is None:
+                object.__setattr__(handle, "_snap", None)
+                return None
+            snap = (epoch, packed)
+        epoch, attrs = snap
+        if type(attrs) is bytes:
+            attrs = self._decode(attrs, epoch)
+            object.__setattr__(handle, "_names", frozenset(attrs))
+        object.__setattr__(handle, "_snap", (epoch, attrs))
+        return attrs
+
+    # --- calls -------------------------------------------------------------------------------
+    def request(self, op: str, target: Remote | None, name: str | None = None,
+                args: tuple | list = (), kwargs: dict | None = None) -> Any:
+        """Sends one request and waits for its answer (re-raising the student's exception)."""
+        if self.dead:
+            raise WorkerDiedError(self.dead)
+        args = list(args)
+        kwargs = dict(kwargs) if kwargs else {}
+        req_id = next(self._ids)
+        body = self._codec.pack([req_id, op, target, name, args, kwargs])
+        if op != "getattr" and op != "snap":
+            self._bump_epoch()
+        slot = _Slot()
+        self._pending[req_id] = slot
+        try:
+            with self._send_lock:
+                write_all(self._out_fd, frame_header(len(body)) + body)
+            self._await(slot)
+        except BaseException:
+            # NOTE: abandoned mid-call (a timeout, Ctrl-C, a broken pipe): the worker may be
+            # stuck in that call, and a half-read frame leaves the stream unusable, so it
+            # goes; the next test starts a fresh one.
+            self.kill("a call was abandoned (timeout or interrupt)")
+            raise
+        finally:
+            self._pending.pop(req_id, None)
+        if slot.reply is None:
+            raise WorkerDiedError(self.dead or "the worker died")
+        status, payload, back, pure = slot.reply
+        if not pure:
+            self._bump_epoch()
+        stamp = self._epoch
+        if status:
+            raise _rebuild_exception(self._decode(payload, stamp))
+        if back != _EMPTY_LIST:
+            _copy_back(self._decode(back, stamp), args, kwargs)
+        return self._decode(payload, stamp)
+
+    def _await(self, slot: _Slot) -> None:
+        """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""
+        while True:
+            slot.event.clear()  # NOTE: before the checks, so a wake-up after them is not lost
+            if slot.reply is not None or self.dead:
+                return
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    self._read_until(slot)
+                finally:
+                    self._read_lock.release()
+                    self._wake_a_waiter()
+                continue
+            slot.event.wait(0.25)
+
+    def _read_until(self, slot: _Slot) -> None:
+        while slot.reply is None and not self.dead:
+            frame = self._reader.read()
+            if frame is None:
+                code = self.proc.wait()
+                self._mark_dead(f"the student's process (worker) died with {_exit_text(code)} "
+                                f"while a call ran: os._exit, a crash or a kill — no points for "
+                                f"that test{self.output_tail()}")
+                return
+            req_id, status, payload, back, pure = msgpack.unpackb(frame, raw=False)
+            other = self._pending.get(req_id)
+            if other is not None:
+                other.reply = (status, payload, back, pure)
+                if other is not slot:
+                    other.event.set()
+
+    def _wake_a_waiter(self) -> None:
+        """Wakes one thread still waiting for a reply, to read in turn."""
+        for other in list(self._pending.values()):
+            if other.reply is None:
+                other.event.set()
+                return
+
+    def _drain_output(self) -> None:
+        fd = self.proc.stderr.fileno()
+        while chunk := os.read(fd, 65536):
+            self._tail.append(chunk)
+            self._tail_bytes += len(chunk)
+            while self._tail_bytes > OUTPUT_TAIL_BYTES and len(self._tail) > 1:
+                self._tail_bytes -= len(self._tail.popleft())
+
+    def output_tail(self, chars: int = 1500) -> str:
+        """Returns the end of what the worker printed (empty when nothing)."""
+        text = b"".join(self._tail).decode(errors="replace").strip()
+        return f"\n--- worker output (tail) ---\n{text[-chars:]}" if text else ""
+
+    def _mark_dead(self, why: str) -> None:
+        if self.dead is None:
+            self.dead = why
+        for slot in list(self._pending.values()):
+            slot.event.set()
+
+    def kill(self, why: str = "stopped") -> None:
+        """Kills the worker; pending and later calls fail with :class:`WorkerDiedError`."""
+        self._mark_dead(why)
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _trusted_class(mro: list) -> type[BaseException] | None:
+    for module, name in mro:
+        if module == "builtins":
+            cls = getattr(builtins, name, None)
+        elif module == reference_errors.__name__:
+            cls = getattr(reference_errors, name, None)
+        else:
+            continue
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            return cls
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return None  # SystemExit, KeyboardInterrupt: never raised here as themselves
+    return None
+
+
+def _rebuild_exception(data: list) -> BaseException:
+    mro, args, text, attrs = data
+    cls = _trusted_class(mro)
+    origin = ".".join(mro[0])
+    if cls is None:
+        return RemoteError(f"{origin}: {text}" if text else origin)
+    try:
+        exc = cls(*args)
+        if str(exc) != text:
+            exc = cls(text)
+    except Exception:  # noqa: BLE001 — a constructor with other arguments
+        exc = cls(text)
+    for key, value in attrs.items():
+        try:
+            setattr(exc, key, value)
+        except Exception:  # noqa: BLE001
+            pass
+    return exc
+
+
+def _copy_back(changed: list, args: list, kwargs: dict) -> None:
+    for key, value in changed:
+        target = args[key] if isinstance(key, int) else kwargs[key]
+        if hasattr(target, "copy_"):
+            import torch
+
+            with torch.no_grad():
+                target.copy_(value.to(target.device))
+        else:
+            target[...] = value
+
+
+_CLIENTS: dict[str, WorkerClient] = {}
+
+
+def remote_impl(lab: str) -> Remote:
+    """Returns the proxy of ``lab``'s implementation (starting a worker when none is alive)."""
+    client = _CLIENTS.get(lab)
+    if client is None or client.dead:
+        client = _CLIENTS[lab] = WorkerClient(lab)
+    return client.module

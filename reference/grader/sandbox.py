@@ -1,0 +1,156 @@
+"""Where student code runs when grading isolated: an unprivileged user, an allow-listed
+environment, a private home, and a tree it can read but not write.
+
+The trusted test process starts the worker (:mod:`reference.grader.worker`) through
+:func:`worker_command`. As root it switches to :data:`WORKER_USER` (created with ``useradd``
+when missing, as on Gradescope and CI runners); with passwordless ``sudo`` it goes through
+``sudo -n -u``. Otherwise isolated grading is refused, saying why (:class:`IsolationError`):
+a worker running as the grader's own user could still signal, trace or overwrite the grader.
+
+NOTE: the user switch is the boundary. A namespace sandbox (bubblewrap) would add to it where
+the platform has one; it is never required.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+#: The account student code runs as.
+WORKER_USER = os.environ.get("PAGEDLAB_WORKER_USER", "pagedlab-worker")
+#: The only variables of the grader's environment a worker sees (besides its own HOME/TMPDIR).
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LAB_IMPL", "PAGEDLAB_IMPL_DIR",
+             "PAGEDLAB_TEST_DEVICE", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
+             "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: Set in the test process's environment (to ``root`` or ``sudo``: how to switch users) when
+#: its ``impl`` must be a worker proxy.
+ISOLATED_ENV = "PAGEDLAB_ISOLATED"
+
+
+class IsolationError(RuntimeError):
+    """Isolated grading is impossible here (no way to run code as another user)."""
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _has_sudo() -> bool:
+    if shutil.which("sudo") is None:
+        return False
+    return subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0
+
+
+def ensure_worker_user() -> str:
+    """Makes sure :data:`WORKER_USER` exists and can run this interpreter.
+
+    Returns:
+        How the worker will be started: ``"root"`` (``Popen(user=...)``) or ``"sudo"``.
+
+    Raises:
+        IsolationError: not root and no passwordless sudo, the user cannot be created, or
+            the user cannot run this Python (an interpreter under a private home, e.g.).
+    """
+    if _is_root():
+        how, prefix = "root", []
+    elif _has_sudo():
+        how, prefix = "sudo", ["sudo", "-n"]
+    else:
+        raise IsolationError(
+            "isolated grading runs student code as another user, which needs root or "
+            "passwordless sudo; this grader has neither (run it as root, or in a container)")
+    try:
+        pwd.getpwnam(WORKER_USER)
+    except KeyError:
+        made = subprocess.run([*prefix, "useradd", "--system", "--no-create-home", "--shell",
+                               "/usr/sbin/nologin", WORKER_USER], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise IsolationError(f"could not create the user {WORKER_USER!r}: "
+                                 f"{made.stderr.strip()}") from None
+    from reference.paths import REPO_ROOT
+
+    if how == "root":
+        grant_traverse([Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO_ROOT])
+    try:
+        probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
+                                               "import numpy, reference.grader.worker"],
+                               capture_output=True, text=True, cwd=REPO_ROOT, **_popen_user(how))
+    except OSError as exc:  # e.g. the user may not enter REPO_ROOT
+        raise IsolationError(f"the user {WORKER_USER!r} cannot work in {REPO_ROOT} ({exc}): "
+                             f"the workbook must be readable by every user") from None
+    if probe.returncode != 0:
+        raise IsolationError(
+            f"the user {WORKER_USER!r} cannot run {sys.executable} on {REPO_ROOT} "
+            f"({probe.stderr.strip()[-300:]}): Python and the workbook must be readable by "
+            f"every user (not under a private home)")
+    return how
+
+
+def grant_traverse(paths: list[Path]) -> list[Path]:
+    """Lets every user *enter* (``o+x``, not list) each folder above ``paths`` (root only).
+
+    The worker's user must reach the interpreter and the workbook; a CI runner or a container
+    often keeps them under ``/root`` (mode 0700). Entering a folder reveals nothing by itself:
+    its listing stays private, and only files that are readable by everyone (as the
+    interpreter's are) can be opened by a name known in advance.
+
+    Args:
+        paths: files or folders the worker must reach.
+
+    Returns:
+        The folders whose mode was changed.
+    """
+    changed = []
+    for path in paths:
+        for folder in Path(path).parents:
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                folder.chmod(mode | 0o001)
+                changed.append(folder)
+    return changed
+
+
+def _switch(how: str) -> list[str]:
+    return ["sudo", "-n", "-u", WORKER_USER, "--"] if how == "sudo" else []
+
+
+def _popen_user(how: str) -> dict:
+    if how != "root":
+        return {}
+    entry = pwd.getpwnam(WORKER_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def make_worker_home() -> Path:
+    """Returns a fresh private folder owned by the worker user (its HOME and TMPDIR)."""
+    home = Path(tempfile.mkdtemp(prefix="pagedlab-worker-"))
+    if _is_root():
+        entry = pwd.getpwnam(WORKER_USER)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+    else:
+        home.chmod(0o777)  # sudo: the worker's uid is not ours; the folder is still private
+    return home
+
+
+def worker_command(module_args: list[str], how: str, home: Path) -> tuple[list[str], dict]:
+    """Returns (argv, extra Popen keyword arguments) that start a worker.
+
+    Args:
+        module_args: arguments after ``python -m reference.grader.worker``.
+        how: from :func:`ensure_worker_user`.
+        home: from :func:`make_worker_home`.
+    """
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPYCACHEPREFIX=str(home / "pycache"), PYTHONNOUSERSITE="1")
+    # NOTE: `env -i` builds the environment from nothing, also through sudo (which resets
+    # it on its own terms); the interpreter runs with -s (no user site) and -E is not used
+    # since the variables above are the whole environment anyway.
+    argv = [*_switch(how), "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+            sys.executable, "-s", "-m", "reference.grader.worker", *module_args]
+    return argv, _popen_user(how)

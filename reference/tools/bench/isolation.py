@@ -1,0 +1,137 @@
+"""``pagedlab bench isolation``: what isolated grading costs — microseconds per proxied call and
+each lab's wall time graded in-process vs isolated.
+
+Per call: a raw pipe round trip to a child process (the floor: two context switches), then
+calls through the proxy (:mod:`reference.grader.proxy`) to Lab 1's solution in a worker: a
+method with an int argument, one with a list argument, and the same method called from 4 threads
+at once. Wall time: ``run_lab_tests`` (the grader's runner, solutions, hidden tests included) per
+lab, once in-process and once isolated. Needs root or passwordless sudo (a worker user).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from reference.tools.bench._common import DEFAULT_OUT, format_table, write_results
+
+LAB = "lab01_block_manager"
+DEFAULT_LABS = ["lab01_block_manager", "lab02_kv_cache_pool", "lab03_paged_attention_oracle"]
+
+_ECHO = ("import os\n"
+         "while (b := os.read(0, 65536)):\n"
+         "    os.write(1, b)\n")
+
+
+def _us_per(fn, reps: int) -> float:
+    """Best of three runs of ``fn(reps)``, in µs per repetition."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        fn(reps)
+        best = min(best, (time.perf_counter_ns() - t0) / reps / 1e3)
+    return best
+
+
+def pipe_round_trip_us(reps: int) -> float:
+    """Returns µs per 64-byte write + read through a child that echoes (the floor of any call)."""
+    proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    out_fd, in_fd = proc.stdin.fileno(), proc.stdout.fileno()
+    msg = b"x" * 64
+
+    def loop(k):
+        for _ in range(k):
+            os.write(out_fd, msg)
+            got = 0
+            while got < len(msg):
+                got += len(os.read(in_fd, 65536))
+
+    try:
+        return _us_per(loop, reps)
+    finally:
+        proc.stdin.close()
+        proc.wait()
+
+
+def proxied_call_us(reps: int) -> dict:
+    """Returns µs per proxied call to Lab 1's solution in a worker, for a few kinds of call."""
+    os.environ.setdefault("LAB_IMPL", "solution")
+    from reference.grader.proxy import WorkerClient
+
+    t0 = time.perf_counter()
+    client = WorkerClient(LAB)
+    start_s = time.perf_counter() - t0
+    try:
+        bm = client.module.BlockManager(1024)
+        ids = list(range(16))
+
+        def no_args(k):
+            for _ in range(k):
+                bm.get_ref_count(0)
+
+        def list_arg(k):
+            for _ in range(k):
+                bm.get_computed_blocks(ids)
+
+        def threaded(k):
+            per = max(1, k // 4)
+            threads = [threading.Thread(target=no_args, args=(per,)) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        return {"worker_start_s": start_s, "no_args_us": _us_per(no_args, reps),
+                "list_arg_us": _us_per(list_arg, reps), "threads4_us": _us_per(threaded, reps)}
+    finally:
+        client.kill()
+
+
+def lab_wall_s(lab: str, isolated: bool) -> tuple[float, int, int]:
+    """Returns (seconds, tests passed, tests run) for grading ``lab``'s solution once."""
+    from reference.grader.runner import run_lab_tests
+
+    t0 = time.perf_counter()
+    run = run_lab_tests([lab], impl="solution", isolated=isolated)
+    return time.perf_counter() - t0, sum(r.passed for r in run.records), len(run.records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedlab bench isolation", description=__doc__)
+    parser.add_argument("--reps", type=int, default=2000, help="calls per timing")
+    parser.add_argument("--labs", nargs="*", default=DEFAULT_LABS,
+                        help="labs whose wall time is compared (none: per-call numbers only)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for isolation.json")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
+    calls = {"pipe_us": pipe_round_trip_us(args.reps), **proxied_call_us(args.reps)}
+    print(f"Per call (best of 3 x {args.reps}; load average {load:.1f} on {os.cpu_count()} cores)")
+    print(format_table([calls], [("pipe_us", "raw pipe round trip µs", ".0f"),
+                                 ("no_args_us", "proxied call µs", ".0f"),
+                                 ("list_arg_us", "with a list arg µs", ".0f"),
+                                 ("threads4_us", "4 threads, µs/call", ".0f"),
+                                 ("worker_start_s", "worker start s", ".2f")]))
+    rows = []
+    for lab in args.labs:
+        in_s, in_ok, in_n = lab_wall_s(lab, isolated=False)
+        iso_s, iso_ok, iso_n = lab_wall_s(lab, isolated=True)
+        rows.append({"lab": lab, "in_process_s": in_s, "isolated_s": iso_s,
+                     "ratio": iso_s / in_s, "passed": f"{in_ok}/{in_n} | {iso_ok}/{iso_n}"})
+    if rows:
+        total_in = sum(r["in_process_s"] for r in rows)
+        total_iso = sum(r["isolated_s"] for r in rows)
+        rows.append({"lab": "total", "in_process_s": total_in, "isolated_s": total_iso,
+                     "ratio": total_iso / total_in, "passed": ""})
+        print(f"\nGrading the solutions (runner, hidden tests included; load {load:.1f})")
+        print(format_table(rows, [("lab", "lab", ""), ("in_process_s", "in-process s", ".1f"),
+                                  ("isolated_s", "isolated s", ".1f"), ("ratio", "ratio", ".2f"),
+                                  ("passed", "passed (in | iso)", "")]))
+    path = write_results("isolation", {"load_average": load, "calls": calls, "labs": rows},
+                         args.out)
+    print(f"wrote {path}")
+    return 0

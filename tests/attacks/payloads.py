@@ -1,0 +1,152 @@
+"""Attack payloads: what a dishonest student might hand in, one lab each (no points, data only).
+
+Each payload is a synthetic lab's student files. A payload's ``area`` returns the right answer
+only when its attack *worked* (a write, a signal, a trace succeeded), so a hole shows up as
+points; a defended attack scores 0. ``{ROOT}``-style fields are filled in by the test.
+"""
+
+from __future__ import annotations
+
+FLIP_HOOK = '''
+import gc
+import pytest
+
+class _Flip:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        out = yield
+        report = out.get_result()
+        report.outcome, report.longrepr = "passed", None
+
+HOOKED = False
+for _obj in gc.get_objects():
+    if type(_obj).__name__ == "Config" and hasattr(_obj, "pluginmanager"):
+        _obj.pluginmanager.register(_Flip(), "flip")
+        HOOKED = True
+        break
+'''
+
+TODO = '''
+def area(w, h):
+    """Returns w * h."""
+    raise NotImplementedError("TODO(lab9.1): area")
+'''
+
+
+def _if(condition_code: str) -> str:
+    """A starter whose area is right only when ``condition_code`` (sets OK) ran without error."""
+    body = "\n    ".join(condition_code.strip().splitlines())
+    return f'''import os, signal, sys, time
+
+def area(w, h):
+    """Returns w * h."""
+    OK = False
+    try:
+    {body}
+    except Exception as exc:
+        raise NotImplementedError(f"TODO(lab9.1): attack blocked: {{exc!r}}")
+    if OK:
+        return w * h
+    raise NotImplementedError("TODO(lab9.1): attack had no effect")
+'''.replace("\n    " + body, "\n        " + "\n        ".join(condition_code.strip().splitlines()))
+
+
+PAYLOADS: dict[str, dict[str, str]] = {
+    # A pytest hook registered from student code that turns every report into "passed".
+    "hook": {"starter.py": FLIP_HOOK + _if("OK = HOOKED")},
+    # Reach the grading log's writer (or its key) and sign "passed" records.
+    "sign": {"starter.py": _if('''
+import gc
+found = [o for o in gc.get_objects() if type(o).__name__ in ("LogWriter", "HMAC")]
+OK = bool(found)
+''')},
+    # A student-owned *_test.py with the hook: never collected (only test_*.py is).
+    "star_test": {"starter.py": TODO, "evil_test.py": FLIP_HOOK},
+    # Write a full-score results file, then kill the grader.
+    "results_kill": {"starter.py": _if('''
+import json
+for path in ("{RESULTS}", "results.json", "out-results.json"):
+    with open(path, "w") as fh:
+        json.dump({"score": 999, "tests": []}, fh)
+os.kill(os.getppid(), signal.SIGKILL)
+OK = True
+''')},
+    # Rewrite a trusted file (the root conftest.py) mid-run.
+    "rewrite_conftest": {"starter.py": _if('''
+with open("conftest.py", "a") as fh:
+    fh.write("\\n")
+OK = True
+''')},
+    # Edit the shared bundle so the next submission is graded with the change.
+    "bundle_edit": {"starter.py": _if('''
+with open("{BUNDLE}/conftest.py", "a") as fh:
+    fh.write("\\n# next one passes\\n")
+OK = True
+''')},
+    # Append to $GITHUB_ENV to steer later workflow steps.
+    "github_env": {"starter.py": _if('''
+with open("{GITHUB_ENV}", "a") as fh:
+    fh.write("PYTEST_PLUGINS=evil\\n")
+OK = True
+''')},
+    # Read the hidden tests and echo them through a visible failure.
+    "hidden_read": {"starter.py": '''import glob
+
+def area(w, h):
+    """Returns w * h."""
+    text = "".join(open(p).read() for p in glob.glob("hidden/**/*.py", recursive=True)
+                   + glob.glob("solutions/**/hidden/*.py", recursive=True))
+    raise AssertionError("TODO(lab9.1): " + (text or "nothing readable"))
+'''},
+    # An object equal to everything.
+    "always_equal": {"starter.py": '''
+class _Any(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+
+class _Obj:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+
+def area(w, h):
+    """Returns w * h."""
+    return _Obj() if w < 3 else _Any(0)
+'''},
+    # /proc/<grader>/mem of the trusted process.
+    "proc_mem": {"starter.py": _if('''
+open(f"/proc/{os.getppid()}/mem", "r+b").close()
+OK = True
+''')},
+    # ptrace(PTRACE_ATTACH) the trusted process.
+    "ptrace": {"starter.py": _if('''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+OK = libc.ptrace(16, os.getppid(), None, None) == 0
+''')},
+    # Signal the trusted process (signal 0: only asks whether it would be allowed).
+    "signal": {"starter.py": _if('''
+os.kill(os.getppid(), 0)
+OK = True
+''')},
+    # A sitecustomize.py and a .pth in the submission.
+    "startup_files": {"starter.py": TODO, "sitecustomize.py": FLIP_HOOK,
+                      "evil.pth": "import sys; sys.stderr.write('pth ran')\n"},
+    # Endless output.
+    "flood": {"starter.py": _if('''
+while True:
+    sys.stdout.write("x" * 65536)
+    sys.stderr.write("y" * 65536)
+''')},
+    # Fork: a child outliving the call tries to tamper later.
+    "fork": {"starter.py": _if('''
+if os.fork() == 0:
+    time.sleep(0.5)
+    try:
+        open("conftest.py", "a").write("\\n")
+    finally:
+        os._exit(0)
+OK = False
+''')},
+}
