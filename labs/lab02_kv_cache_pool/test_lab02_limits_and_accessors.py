@@ -68,7 +68,8 @@ def test_from_memory_budget_honours_every_argument(impl):
         f"expected {want} — likely cause: an argument not passed on to the constructor"
     )
     assert pool.value_cache.dtype == torch.float32 and pool.max_model_len == 10
-    default = impl.KVCachePool.from_memory_budget(per_block, 3, 2, 5, max_num_seqs=1, max_model_len=3)
+    default = impl.KVCachePool.from_memory_budget(per_block, 3, 2, 5, max_num_seqs=1,
+                                                  max_model_len=3)
     assert default.dtype == torch.float16 and default.key_cache.dtype == torch.float16, (
         "the documented default dtype is torch.float16")
     assert default.num_blocks == 2, "fp16 blocks are half the size of fp32 ones"
@@ -79,7 +80,8 @@ def test_from_memory_budget_honours_every_argument(impl):
 @pytest.mark.parametrize("max_model_len", [10, 12])
 def test_a_sequence_of_exactly_max_model_len_tokens_fits(impl, device, max_model_len):
     """A sequence may hold exactly max_model_len tokens — by add_sequence, or by appends up to
-    it — and one token more is refused with nothing changed (block size 4; 10 is not a multiple)."""
+    it — and one token more is refused with nothing changed (block size 4; 10 is not a
+    multiple of it)."""
     pool = new_pool(impl, device, max_model_len=max_model_len)
     pool.add_sequence(0, max_model_len)
     pool.add_sequence(1, max_model_len - 3)

@@ -63,7 +63,8 @@ def test_slots_are_exact_for_block_sizes_that_are_not_powers_of_two(impl, device
             f"likely cause: reshape_and_cache splitting slots with a bitmask or shift"
         )
         gk, gv = pool.gather_kv(seq_id)
-        assert (gk.double().cpu().numpy() == want_k).all() and (gv.double().cpu().numpy() == want_v).all()
+        assert (gk.double().cpu().numpy() == want_k).all(), f"gather_kv({seq_id}) keys differ"
+        assert (gv.double().cpu().numpy() == want_v).all(), f"gather_kv({seq_id}) values differ"
     check_invariants(pool)
 
 
@@ -99,6 +100,7 @@ def test_empty_slot_mapping_is_int64(impl, device):
             f"expected an empty int64 tensor — likely cause: torch.empty(0) without a dtype"
         )
         assert slots.device == pool.device
-        empty = torch.empty(0, pool.num_kv_heads, pool.head_size, dtype=pool.dtype, device=pool.device)
+        empty = torch.empty(0, pool.num_kv_heads, pool.head_size, dtype=pool.dtype,
+                            device=pool.device)
         pool.write_kv(slots, empty, empty)
     check_invariants(pool)
