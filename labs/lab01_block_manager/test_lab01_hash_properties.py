@@ -93,9 +93,10 @@ def test_block_hash_separates_token_boundaries(impl):
 
 @pytest.mark.points(1)
 def test_block_hash_is_a_non_negative_64_bit_int(impl):
-    """Every block hash is an int in [0, 2**64), as documented (it is a dict key and an id)."""
+    """Every block hash is an int in [0, 2**64) that uses all 64 bits, as documented (it is a
+    dict key and an id: fewer bits mean more collisions)."""
     rng = random.Random(5)
-    parent = None
+    parent, hashes = None, []
     for _ in range(200):
         parent = impl.hash_block_tokens(parent, [rng.randrange(50_000) for _ in range(4)])
         assert isinstance(parent, int) and not isinstance(parent, bool), (
@@ -104,6 +105,12 @@ def test_block_hash_is_a_non_negative_64_bit_int(impl):
             f"block hash {parent} is outside [0, 2**64) — likely cause: the digest read as a "
             f"signed integer, or more than 8 bytes of it kept"
         )
+        hashes.append(parent)
+    # 200 uniform 64-bit values all below 2**60 has probability 16**-200: fewer bits were kept.
+    assert max(hashes) >= 2**60, (
+        "no hash of 200 reaches 2**60: the hash keeps fewer than 64 bits (more collisions) — "
+        "likely cause: fewer than 8 bytes of the digest kept"
+    )
 
 
 @pytest.mark.points(1)
@@ -138,3 +145,11 @@ def test_prompt_hashes_are_chained_block_by_block(impl):
     for i, h in enumerate(hashes):
         parent = impl.hash_block_tokens(parent, block)
         assert h == parent, f"hash {i} must be hash_block_tokens(hash {i - 1}, block {i})"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), (4.0, TypeError)])
+def test_hash_prompt_blocks_rejects_bad_block_size(impl, bad, error):
+    """block_size must be an int >= 1; the typed error names block_size."""
+    with pytest.raises(error, match="block_size"):
+        impl.hash_prompt_blocks(list(range(8)), bad)

@@ -243,6 +243,9 @@ def _record(lab: str, dump: str, source: list[str], timeout: float, exclude: lis
 def main(args: argparse.Namespace) -> int:
     from reference.paths import resolve_labs
 
+    if not SOLUTIONS_DIR.is_dir():
+        print("pagedlab mutate: needs solutions/ (not available in a student release)", file=sys.stderr)
+        return 2
     (lab,) = resolve_labs([args.lab])
     if shutil.which("cosmic-ray") is None and not Path(sys.executable).with_name("cosmic-ray").exists():
         print("pagedlab mutate: needs cosmic-ray (pip install -e '.[mutation]')", file=sys.stderr)
