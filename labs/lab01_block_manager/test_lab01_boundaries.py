@@ -46,3 +46,24 @@ def test_free_blocks_accepts_a_block_listed_exactly_ref_count_times(impl):
         "listing block 1 exactly ref_count (3) times must free it — likely cause: an off-by-one "
         "in the repeat check")
     check_invariants(bm)
+
+
+@pytest.mark.points(1)
+def test_cache_block_refuses_any_other_hash(impl):
+    """A cached block re-cached under a *smaller* or a *larger* hash is refused with a
+    ValueError naming block_hash, changing nothing; its own hash again returns True."""
+    bm = impl.BlockManager(2)
+    bm.allocate()
+    h = impl.hash_block_tokens(None, [1, 2, 3])
+    assert bm.cache_block(0, h)
+    before = snapshot(bm)
+    for other in (h - 1, h + 1, 0):
+        with pytest.raises(ValueError, match="block_hash"):
+            bm.cache_block(0, other)
+            raise AssertionError(
+                f"cache_block(0, {other}) on a block cached under {h} was accepted — likely "
+                f"cause: the 'different hash' check compares with < or > instead of !="
+            )
+        assert snapshot(bm) == before
+    assert bm.cache_block(0, h) is True
+    check_invariants(bm)
