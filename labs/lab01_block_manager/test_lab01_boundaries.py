@@ -51,7 +51,8 @@ def test_free_blocks_accepts_a_block_listed_exactly_ref_count_times(impl):
 @pytest.mark.points(1)
 def test_cache_block_refuses_any_other_hash(impl):
     """A cached block re-cached under a *smaller* or a *larger* hash is refused with a
-    ValueError naming block_hash, changing nothing; its own hash again returns True."""
+    ValueError naming block_hash, changing nothing; an equal hash (even a recomputed int
+    object) returns True."""
     bm = impl.BlockManager(2)
     bm.allocate()
     h = impl.hash_block_tokens(None, [1, 2, 3])
@@ -65,5 +66,9 @@ def test_cache_block_refuses_any_other_hash(impl):
                 f"cause: the 'different hash' check compares with < or > instead of !="
             )
         assert snapshot(bm) == before
-    assert bm.cache_block(0, h) is True
+    # the same value recomputed is another int object: equality, not identity, must decide
+    same = impl.hash_block_tokens(None, [1, 2, 3])
+    assert bm.cache_block(0, same) is True and bm.cache_block(0, h) is True, (
+        "re-caching a block under an equal hash must return True — likely cause: hashes "
+        "compared with `is` instead of ==")
     check_invariants(bm)
