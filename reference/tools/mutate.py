@@ -233,7 +233,7 @@ def _record(lab: str, dump: str, source: list[str], timeout: float, exclude: lis
         "tests": _test_command(lab).replace(str(REPO_ROOT) + "/", "").replace(sys.executable, "python"),
         "timeout_s": timeout,
         "excluded_operators": exclude,
-        "wall_s": round((finished - started).total_seconds()),
+        "last_invocation_wall_s": round((finished - started).total_seconds()),  # resumed runs: less
         "counts": counts,
         "kill_rate": round(counts["killed"] / non_equivalent, 4) if non_equivalent else 1.0,
         "mutants": sorted(mutants, key=lambda e: (e["outcome"] == "killed", e["mutant"])),
