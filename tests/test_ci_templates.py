@@ -88,16 +88,16 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
     return reporter_total(encoded)
 
 
-@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", 41), ("half", "partial")])
+@pytest.mark.parametrize("starter, expect", [(None, 0), ("solution", 53), ("half", "partial")])
 def test_classroom_workflow_steps_grade_the_release(release, tmp_path, starter, expect):
-    """The workflow's per-lab step gives Classroom 0/41 for the untouched release, 41/41 with
+    """The workflow's per-lab step gives Classroom 0/53 for the untouched release, 53/53 with
     the solution, and partial credit (exactly what `pagedlab grade` scores) in between."""
     text = {"solution": SOLUTION.read_text(), "half": _half_solution(), None: None}[starter]
     root = _student(release, tmp_path / "s", text)
     total, maximum = _run_classroom_workflow(root, tmp_path)
-    assert maximum == 41
+    assert maximum == 53
     if expect == "partial":
-        assert 0 < total < 41
+        assert 0 < total < 53
         res = json.loads((root / "results-lab01.json").read_text())
         assert total == pytest.approx(res["score"], abs=0.05)
     else:
@@ -140,14 +140,14 @@ def test_bundle_holds_the_scripts_hidden_tests_and_no_solutions(bundle):
     assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
     assert any(n.startswith(f"hidden/{LAB1}/test_lab01_hidden") for n in names)
     assert not any(n.startswith("solutions/") or n.endswith("solution.py") for n in names)
-    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(45)  # 41 public + 4 hidden
+    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(57)  # 53 public + 4 hidden
     assert subprocess.run(["bash", "-n", "-c", zipfile.ZipFile(bundle).read("setup.sh").decode()]).returncode == 0
 
 
-@pytest.mark.parametrize("case, score", [("untouched", 0), ("solution", 45), ("bare_file", 45)])
+@pytest.mark.parametrize("case, score", [("untouched", 0), ("solution", 57), ("bare_file", 57)])
 def test_run_autograder_scores_a_submission(bundle, release, tmp_path, case, score):
     """run_autograder writes results.json with the known score: 0 for the untouched release,
-    45/45 (hidden tests included) with the solution — as a repository or as a bare starter.py."""
+    57/57 (hidden tests included) with the solution — as a repository or as a bare starter.py."""
     if case == "bare_file":
         sub = tmp_path / "upload"
         sub.mkdir()
@@ -155,7 +155,7 @@ def test_run_autograder_scores_a_submission(bundle, release, tmp_path, case, sco
     else:
         sub = _student(release, tmp_path / "repo", SOLUTION.read_text() if case == "solution" else None)
     res = _run_autograder(_autograder(bundle, tmp_path, sub))
-    assert (res["score"], res["max_score"]) == (score, 45)
+    assert (res["score"], res["max_score"]) == (score, 57)
     assert "hidden tests failed in lab01_block_manager" in res["output"] or \
         "hidden test failed in lab01_block_manager" in res["output"]
     assert f"labs/{LAB1}/starter.py" in res["output"]
@@ -169,7 +169,7 @@ def test_submitted_test_edits_are_ignored_and_reported(bundle, release, tmp_path
     test.write_text("import pytest\n\n@pytest.mark.points(100)\ndef test_free():\n    pass\n")
     (sub / "labs" / LAB1 / "conftest.py").write_text("def pytest_runtest_makereport(): pass\n")
     res = _run_autograder(_autograder(bundle, tmp_path, sub))
-    assert (res["score"], res["max_score"]) == (0, 45)
+    assert (res["score"], res["max_score"]) == (0, 57)
     assert f"labs/{LAB1}/test_lab01_free_queue.py was edited" in res["output"]
     assert f"labs/{LAB1}/conftest.py was added" in res["output"]
 
@@ -205,7 +205,7 @@ def test_an_empty_submission_scores_zero_with_a_reason(bundle, tmp_path):
 def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tmp_path):
     """End to end, like Gradescope: setup.sh makes the virtual environment (torch + the
     workbook's test dependencies, here from pip's configured index), then run_autograder,
-    with that environment, grades the solution 45/45. (~1 minute.)"""
+    with that environment, grades the solution 57/57. (~1 minute.)"""
     if shutil.which("python3") is None:
         pytest.skip("python3 is not on PATH")
     root = _autograder(bundle, tmp_path, _student(release, tmp_path / "repo", SOLUTION.read_text()))
@@ -216,4 +216,4 @@ def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "setup ok" in proc.stdout
     res = _run_autograder(root, python=None)  # the venv setup.sh made
-    assert (res["score"], res["max_score"]) == (45, 45)
+    assert (res["score"], res["max_score"]) == (57, 57)

@@ -46,7 +46,7 @@ def test_release_holds_no_instructor_material(release):
     assert "labs/lab01_block_manager/test_lab01_allocator.py" in manifest["files"]
     assert "conftest.py" in manifest["files"] and "reference/grader/grading.py" in manifest["files"]
     assert "labs/lab01_block_manager/starter.py" not in manifest["files"]
-    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(41)
+    assert sum(manifest["tests"][LAB1].values()) == pytest.approx(53)
     assert not verify_manifest(release, manifest)
 
 
@@ -58,11 +58,11 @@ def _copy(release: Path, dest: Path, solution: bool = False) -> Path:
 
 
 def test_release_scores_full_points_with_the_solution_copied_in(release, tmp_path):
-    """The same release with Lab 1's solution pasted over its starter scores all 41 points."""
+    """The same release with Lab 1's solution pasted over its starter scores all 53 points."""
     root = _copy(release, tmp_path / "s", solution=True)
     proc, res = grade(root, "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (res["score"], res["max_score"]) == (41, 41)
+    assert (res["score"], res["max_score"]) == (53, 53)
     assert "hidden" not in res["output"]  # a release has no hidden tests
 
 
@@ -87,13 +87,13 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
     if change == "delete":  # the manifest still expects the deleted file's tests: they fail
         missing = [t for t in res["tests"] if "test_lab01_free_queue" in t["extra_data"]["nodeid"]]
         assert missing and all(t["status"] == "failed" for t in missing)
-        assert res["max_score"] == 41 and res["score"] < 41
+        assert res["max_score"] == 53 and res["score"] < 53
     if change == "edit":
         proc, res = grade(root, "--quiet", "--on-tamper", "zero")
-        assert res["score"] == 0 and res["max_score"] == 41
+        assert res["score"] == 0 and res["max_score"] == 53
     proc, res = grade(root, "--quiet", "--on-tamper", "refuse")
     assert proc.returncode == 2 and res["score"] == 0 and "refused" in res["output"]
-    assert res["max_score"] == 41
+    assert res["max_score"] == 53
 
 
 def test_a_regenerated_manifest_is_caught_by_the_pinned_digest(release, tmp_path):
