@@ -189,8 +189,8 @@ class BlockManager:
         """
         # TODO(lab1.1): validate num_blocks (check_int), create self.blocks (one KVCacheBlock per
         # id), self.free_block_queue (in id order, so a fresh manager hands out 0, 1, 2, ...),
-        # self.cached_block_hash_to_block = {} and one threading.Lock that every public method
-        # holds for its whole body.
+        # self.cached_block_hash_to_block = {} and one threading.Lock, self._lock, that every
+        # public method holds for its whole body (a test holds bm._lock and checks each waits).
         raise NotImplementedError("TODO(lab1.1): BlockManager.__init__ — blocks, free queue, lock")
 
     @property

@@ -29,6 +29,7 @@ COMMANDS = {
     "doctor": ("reference.tools.doctor", "what this machine has (Python, torch, CuPy, GPU) and which labs run here"),
     "grade": ("reference.grader.grade", "run the lab tests and grade them (honours LAB_IMPL)"),
     "check": ("reference.grader.strength", "prove test strength: solutions pass, starters 0, mutants caught"),
+    "mutate": ("reference.tools.mutate", "instructors: systematic mutation testing of a lab's solution (cosmic-ray)"),
     "compile": ("reference.tools.compile", "compile-check every .cu file for sm_80 and sm_90 (no GPU needed)"),
     "release": ("reference.grader.release", "instructors: write and verify the student repository"),
     "gradescope-bundle": ("reference.grader.gradescope", "instructors: build the Gradescope autograder zip"),

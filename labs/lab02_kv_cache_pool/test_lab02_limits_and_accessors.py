@@ -1,0 +1,98 @@
+"""Lab 2, Part F: both sides of every limit, every documented default, and accessors that hand
+out copies — the edges the worked example never reaches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labs.lab02_kv_cache_pool._state import check_invariants, new_pool, snapshot
+from reference.errors import SequenceTooLongError
+
+
+@pytest.mark.points(1)
+def test_accessors_return_copies_not_live_state(impl, device):
+    """Editing what add_sequence, get_block_table or seq_ids returned changes nothing in the
+    pool: they return copies, never the pool's own lists."""
+    pool = new_pool(impl, device)
+    got = pool.add_sequence(3, 6)
+    pool.add_sequence(4, 2)
+    before = snapshot(pool)
+    got.append(11)
+    got[0] = 9
+    table = pool.get_block_table(3)
+    table.append(10)
+    table[1] = 8
+    ids = pool.seq_ids
+    ids.append(99)
+    assert snapshot(pool) == before, (
+        "editing a list the pool returned changed the pool — likely cause: add_sequence or "
+        "get_block_table returning the sequence's own block list (return a copy: list(...))"
+    )
+    assert 99 not in pool.seq_ids
+    pool.append_tokens(3, 3)  # grows from the real table, not the edited one
+    check_invariants(pool)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_budget_of_exactly_one_block_builds_a_one_block_pool(impl, dtype):
+    """A budget of exactly one block's bytes buys one block (one byte less buys none and is
+    refused naming budget_bytes; one block less a byte of two buys one), for a block size of 3."""
+    per_block = impl.kv_cache_bytes_per_block(3, 2, 5, dtype)
+    assert per_block == 2 * 3 * 2 * 5 * dtype.itemsize
+    assert impl.num_blocks_from_budget(per_block, 3, 2, 5, dtype) == 1, (
+        "a budget of exactly one block must buy one block — likely cause: an off-by-one "
+        "(<= 1 where < 1 is meant) in the 'holds no block' check"
+    )
+    assert impl.num_blocks_from_budget(2 * per_block - 1, 3, 2, 5, dtype) == 1
+    assert impl.num_blocks_from_budget(2 * per_block, 3, 2, 5, dtype) == 2
+    with pytest.raises(ValueError, match="budget_bytes"):
+        impl.num_blocks_from_budget(per_block - 1, 3, 2, 5, dtype)
+    pool = impl.KVCachePool.from_memory_budget(per_block, 3, 2, 5, max_num_seqs=1,
+                                               max_model_len=3, dtype=dtype)
+    assert pool.num_blocks == 1 and pool.add_sequence(0, 3) == [0]
+
+
+@pytest.mark.points(1)
+def test_from_memory_budget_honours_every_argument(impl):
+    """from_memory_budget passes every argument through (block size 3, 2 heads of 5, 3 rows,
+    max_model_len 10, float32), and omitting dtype and device gives float16 on the CPU."""
+    per_block = 2 * 3 * 2 * 5 * 4
+    pool = impl.KVCachePool.from_memory_budget(7 * per_block + 5, 3, 2, 5, max_num_seqs=3,
+                                               max_model_len=10, dtype=torch.float32)
+    got = (pool.num_blocks, pool.dtype, tuple(pool.key_cache.shape), tuple(pool.block_tables.shape))
+    want = (7, torch.float32, (7, 2, 3, 5), (3, 4))
+    assert got == want, (
+        f"from_memory_budget built (num_blocks, dtype, cache shape, table shape) = {got}, "
+        f"expected {want} — likely cause: an argument not passed on to the constructor"
+    )
+    assert pool.value_cache.dtype == torch.float32 and pool.max_model_len == 10
+    default = impl.KVCachePool.from_memory_budget(per_block, 3, 2, 5, max_num_seqs=1,
+                                                  max_model_len=3)
+    assert default.dtype == torch.float16 and default.key_cache.dtype == torch.float16, (
+        "the documented default dtype is torch.float16")
+    assert default.num_blocks == 2, "fp16 blocks are half the size of fp32 ones"
+    assert default.key_cache.device.type == "cpu", "the documented default device is the CPU"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("max_model_len", [10, 12])
+def test_a_sequence_of_exactly_max_model_len_tokens_fits(impl, device, max_model_len):
+    """A sequence may hold exactly max_model_len tokens — by add_sequence, or by appends up to
+    it — and one token more is refused with nothing changed (block size 4; 10 is not a
+    multiple of it)."""
+    pool = new_pool(impl, device, max_model_len=max_model_len)
+    pool.add_sequence(0, max_model_len)
+    pool.add_sequence(1, max_model_len - 3)
+    pool.append_tokens(1, 2)
+    pool.append_tokens(1, 1)
+    assert pool.get_context_len(1) == max_model_len
+    before = snapshot(pool)
+    for call in (lambda: pool.append_tokens(0, 1), lambda: pool.append_tokens(1, 1),
+                 lambda: pool.add_sequence(2, max_model_len + 1)):
+        with pytest.raises(SequenceTooLongError):
+            call()
+        assert snapshot(pool) == before
+    pool.append_tokens(0, 0)  # zero tokens at the limit is still fine
+    check_invariants(pool)

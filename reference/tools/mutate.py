@@ -1,0 +1,262 @@
+"""``pagedlab mutate <lab>``: systematic mutation testing of a lab's solution with cosmic-ray.
+
+Hand mutants (``solutions/<lab>/mutants/*.toml``) are the mistakes somebody thought of. This
+command asks a tool for the rest: cosmic-ray rewrites the solution one small change at a time
+(``<`` for ``<=``, ``+`` for ``-``, a number off by one, a loop that never runs, ...) and runs
+*only that lab's* tests — public and hidden — against each copy. A mutant the tests do not fail
+*survives*; each survivor must be killed by a new test or listed as *equivalent* (no observable
+behaviour changes) with a one-line reason in ``solutions/<lab>/mutants/equivalent.json``.
+
+The result goes to ``solutions/<lab>/mutation.json``: date, tool and version, the command, the
+SHA-256 of the solution it was run on, counts, and every mutant's outcome (survivors and
+equivalents with their reasons). ``tests/test_mutation_results.py`` checks in CI that the
+committed result is for the current solution — the run itself is too slow for CI.
+
+Why cosmic-ray and not mutmut: our tests never import the solution as a package; they load
+``solution.py`` from a folder (``PAGEDLAB_IMPL_DIR``, the mechanism hand mutants use).
+cosmic-ray mutates a file on disk and runs any shell command, so it mutates a scratch copy of
+the lab and points ``PAGEDLAB_IMPL_DIR`` at it: the working tree is never touched and the tests
+run exactly as graded. mutmut 3 instead rewrites every function into a trampoline inside its own
+copy of the project and expects the tests to import the code from there, which the loader
+bypasses. cosmic-ray also keeps its session in SQLite (a run can resume after an interruption)
+and times out each mutant separately.
+
+The run is slow (a full test run per mutant; Lab 1 has about 250 mutants): run it under
+``nice`` on one lab at a time. CI only checks the committed result's hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from reference.loader import MUTANT_DIR_ENV
+from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR
+
+RESULT_NAME = "mutation.json"
+EQUIVALENT_NAME = "equivalent.json"
+TOOL = "cosmic-ray"
+ANNOTATION_SKIP = "in a type annotation (never evaluated: from __future__ import annotations)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lab", help="lab folder or number")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds per mutant's test run (a hang counts as killed)")
+    parser.add_argument("--exclude-operator", action="append", default=[], metavar="REGEX",
+                        help="cosmic-ray operators to skip (regex on core/<Name>; repeatable)")
+    parser.add_argument("--session", type=Path, default=None,
+                        help="keep cosmic-ray's SQLite session here (resume an interrupted run)")
+
+
+def solution_sha256(lab: str) -> str:
+    """Returns the SHA-256 of ``solutions/<lab>/solution.py`` (what a result was run on).
+
+    Args:
+        lab: lab folder name.
+
+    Returns:
+        The hex digest.
+    """
+    return hashlib.sha256((SOLUTIONS_DIR / lab / "solution.py").read_bytes()).hexdigest()
+
+
+def result_path(lab: str) -> Path:
+    """Returns where a lab's committed mutation-testing result lives."""
+    return SOLUTIONS_DIR / lab / RESULT_NAME
+
+
+def mutant_key(operator: str, occurrence: int, line: int, source_line: str) -> str:
+    """A mutant's stable name: ``<operator>#<occurrence> @<line>: <source line>``.
+
+    The source line is part of the key so that a triage entry stops matching when the code
+    under it changes.
+    """
+    return f"{operator}#{occurrence} @{line}: {source_line.strip()}"
+
+
+def load_equivalents(lab: str) -> dict[str, str]:
+    """Returns the lab's triaged equivalent mutants: key (see :func:`mutant_key`) -> reason."""
+    path = SOLUTIONS_DIR / lab / "mutants" / EQUIVALENT_NAME
+    if not path.exists():
+        return {}
+    return {e["mutant"]: e["reason"] for e in json.loads(path.read_text())["equivalent"]}
+
+
+def _test_command(lab: str) -> str:
+    """The lab's tests, public and hidden, stopping at the first failure (enough to kill)."""
+    paths = [LABS_DIR / lab] + [p for p in [SOLUTIONS_DIR / lab / "hidden"] if p.is_dir()]
+    # NOTE: -p no:nbval: the notebook plugin imports nbformat (seconds) on every run.
+    args = [sys.executable, "-m", "pytest", *map(str, paths), "-x", "-q", "-p", "no:cacheprovider",
+            "-p", "no:nbval", "-p", "no:randomly"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _write_config(path: Path, module: Path, lab: str, timeout: float, exclude: list[str]) -> None:
+    lines = ["[cosmic-ray]", f"module-path = {json.dumps(str(module))}", f"timeout = {timeout}",
+             "excluded-modules = []", f"test-command = {json.dumps(_test_command(lab))}", "",
+             "[cosmic-ray.distributor]", 'name = "local"', "",
+             "[cosmic-ray.filters.operators-filter]",
+             f"exclude-operators = {json.dumps(exclude)}", ""]
+    path.write_text("\n".join(lines))
+
+
+def _cosmic_ray(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("cosmic-ray")
+    cmd = [str(exe) if exe.exists() else "cosmic-ray", *args]
+    return subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+
+
+def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | None) -> dict:
+    """Runs cosmic-ray over a scratch copy of the lab's solution and returns the result record.
+
+    Args:
+        lab: lab folder name.
+        timeout: seconds per mutant.
+        exclude: operator regexes to skip.
+        session: SQLite session to create or resume; None uses a temporary one.
+
+    Returns:
+        The record written to ``mutation.json`` (see the module docstring).
+    """
+    with tempfile.TemporaryDirectory(prefix=f"mutate-{lab}-") as tmp:
+        # A kept session remembers the mutated file's path: keep the scratch copy beside it.
+        work = session.with_name(session.name + ".d") if session else Path(tmp)
+        scratch = work / lab
+        # Always a fresh copy: an interrupted run may have left a mutant on disk.
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.copytree(SOLUTIONS_DIR / lab, scratch,
+                        ignore=shutil.ignore_patterns("__pycache__", "mutants", "hidden", "*.json"))
+        config = work / "cosmic-ray.toml"
+        _write_config(config, scratch / "solution.py", lab, timeout, exclude)
+        db = session or Path(tmp) / "session.sqlite"
+        # NOTE: no bytecode cache: a mutant of the same size written within the same second as
+        # the previous one would otherwise be served from a stale .pyc (mtime + size match).
+        env = dict(os.environ, **{MUTANT_DIR_ENV: str(scratch)}, PYTHONDONTWRITEBYTECODE="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        started = dt.datetime.now(dt.timezone.utc)
+        if not db.exists():
+            _cosmic_ray("init", str(config), str(db), env=env)
+        filt = Path(sys.executable).with_name("cr-filter-operators")
+        subprocess.run([str(filt), str(db), str(config)], env=env, check=True, capture_output=True)
+        _skip_annotations(db, scratch / "solution.py")
+        baseline = subprocess.run(_test_command(lab), shell=True, env=env, cwd=REPO_ROOT,
+                                  capture_output=True, text=True)
+        if baseline.returncode != 0:
+            raise RuntimeError(f"the unmutated solution fails its tests:\n{baseline.stdout[-2000:]}")
+        _cosmic_ray("exec", str(config), str(db), env=env)
+        dump = _cosmic_ray("dump", str(db), env=env).stdout
+        source = (SOLUTIONS_DIR / lab / "solution.py").read_text().splitlines()
+        finished = dt.datetime.now(dt.timezone.utc)
+    return _record(lab, dump, source, timeout, exclude, started, finished)
+
+
+def _annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions, as (line, col), of every annotation in a module."""
+    spans = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        anns = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            anns = [x.annotation for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg,
+                                           a.kwarg] if x is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            anns = [node.annotation]
+        spans += [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in anns if n]
+    return spans
+
+
+def _skip_annotations(db: Path, module: Path) -> None:
+    """Marks mutants inside type annotations as skipped before they cost a test run.
+
+    NOTE: the solutions use ``from __future__ import annotations``, so annotations are never
+    evaluated: ``int | None`` mutated to ``int - None`` is equivalent by construction.
+    """
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    spans = _annotation_spans(module)
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        for item in list(work_db.pending_work_items):
+            start = tuple(item.mutations[0].start_pos)
+            if any(lo <= start < hi for lo, hi in spans):
+                work_db.set_result(item.job_id, WorkResult(
+                    output=ANNOTATION_SKIP, worker_outcome=WorkerOutcome.SKIPPED))
+
+
+def _record(lab: str, dump: str, source: list[str], timeout: float, exclude: list[str],
+            started: dt.datetime, finished: dt.datetime) -> dict:
+    equivalents = load_equivalents(lab)
+    mutants, counts = [], {"killed": 0, "survived": 0, "equivalent": 0, "skipped": 0,
+                           "incompetent": 0, "annotation": 0}
+    for line in dump.splitlines():
+        item, result = json.loads(line)
+        (m,) = item["mutations"]
+        row = m["start_pos"][0]
+        key = mutant_key(m["operator_name"], m["occurrence"], row, source[row - 1])
+        entry = {"mutant": key}
+        if result is not None and result.get("output") == ANNOTATION_SKIP:
+            outcome = "annotation"
+        elif result is None or result["worker_outcome"] == "skipped":
+            outcome = "skipped"
+        elif result["test_outcome"] == "survived":
+            outcome = "equivalent" if key in equivalents else "survived"
+            entry["reason"] = equivalents.get(key, "NOT TRIAGED: no test fails")
+            entry["diff"] = [d for d in (result.get("diff") or "").splitlines()
+                             if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+        elif result["test_outcome"] == "incompetent":
+            outcome = "incompetent"  # the mutant does not even import/run: not a test's merit
+        else:
+            outcome = "killed"
+        entry["outcome"] = outcome
+        counts[outcome] += 1
+        mutants.append(entry)
+    non_equivalent = counts["killed"] + counts["survived"]
+    return {
+        "lab": lab,
+        "date": finished.date().isoformat(),
+        "tool": TOOL,
+        "tool_version": importlib.metadata.version("cosmic-ray"),
+        "solution": f"solutions/{lab}/solution.py",
+        "solution_sha256": solution_sha256(lab),
+        "tests": _test_command(lab).replace(str(REPO_ROOT) + "/", "").replace(sys.executable, "python"),
+        "timeout_s": timeout,
+        "excluded_operators": exclude,
+        "last_invocation_wall_s": round((finished - started).total_seconds()),  # resumed runs: less
+        "counts": counts,
+        "kill_rate": round(counts["killed"] / non_equivalent, 4) if non_equivalent else 1.0,
+        "mutants": sorted(mutants, key=lambda e: (e["outcome"] == "killed", e["mutant"])),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from reference.paths import resolve_labs
+
+    if not SOLUTIONS_DIR.is_dir():
+        print("pagedlab mutate: needs solutions/ (not available in a student release)", file=sys.stderr)
+        return 2
+    (lab,) = resolve_labs([args.lab])
+    if shutil.which("cosmic-ray") is None and not Path(sys.executable).with_name("cosmic-ray").exists():
+        print("pagedlab mutate: needs cosmic-ray (pip install -e '.[mutation]')", file=sys.stderr)
+        return 2
+    record = run_mutation(lab, args.timeout, args.exclude_operator, args.session)
+    result_path(lab).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    c = record["counts"]
+    print(f"{lab}: {c['killed']} killed, {c['survived']} survived, {c['equivalent']} equivalent, "
+          f"{c['incompetent']} incompetent, {c['skipped']} skipped — kill rate "
+          f"{record['kill_rate']:.1%} of non-equivalent mutants; wrote {result_path(lab)}")
+    for e in record["mutants"]:
+        if e["outcome"] == "survived":
+            print(f"  SURVIVED {e['mutant']}\n      {' | '.join(e['diff'])}")
+    return 1 if c["survived"] else 0
