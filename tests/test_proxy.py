@@ -130,3 +130,15 @@ def test_grant_traverse_lets_others_enter_but_not_list(tmp_path):
     mode = (tmp_path / "a").stat().st_mode
     assert mode & stat.S_IXOTH and not mode & stat.S_IROTH
     assert deep in changed and (tmp_path / "a") in changed
+
+
+def test_in_process_labs_are_real_labs_and_stated_in_the_readme():
+    """Every lab that isolated grading leaves in-process exists and is named, with its reason, in
+    the instructors' threat model (a hole nobody can see is worse than a stated one)."""
+    from reference.grader.sandbox import IN_PROCESS_LABS
+    from reference.paths import REPO_ROOT, lab_names
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    for lab, reason in IN_PROCESS_LABS.items():
+        assert lab in lab_names() and reason
+        assert f"Lab {int(lab[3:5])}" in readme.split("Known gap")[1], lab

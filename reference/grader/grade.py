@@ -201,7 +201,7 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
                        expected=expected)
         return EXIT_CANNOT_GRADE
     records = run.records
-    notes += run.problems
+    notes += run.problems + run.notes
     if not run.problems and not tamper and not args.no_hidden:
         last_run.store(records, labs, impl)  # lets `pagedlab status` skip unchanged labs
     if tamper and args.on_tamper == "zero":

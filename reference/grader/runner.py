@@ -33,7 +33,7 @@ from typing import Protocol
 
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
-from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user
+from reference.grader.sandbox import IN_PROCESS_LABS, ISOLATED_ENV, ensure_worker_user
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
@@ -68,6 +68,7 @@ class RunResult:
     implementation: str
     output: str  # the children's output (tail per lab)
     problems: list[str] = field(default_factory=list)  # collection errors, unexpected tests
+    notes: list[str] = field(default_factory=list)  # facts for the reader that need no look
 
 
 class GradingRunError(RuntimeError):
@@ -124,6 +125,7 @@ def run_lab_tests(
             no lab had any test.
         IsolationError: ``isolated`` but no other user can run student code here.
     """
+    plain_env, notes = env, []
     if isolated:
         # Refuse now, saying why, rather than fail every test; the test processes learn how
         # to switch users from the variable (root or sudo).
@@ -131,12 +133,18 @@ def run_lab_tests(
         timeout_s *= ISOLATED_TIMEOUT_FACTOR
         if test_timeout_s:
             test_timeout_s *= ISOLATED_TIMEOUT_FACTOR
-    runs = [
-        _run_lab(lab, impl=impl, env=env, only=only, extra_args=extra_args, timeout_s=timeout_s,
-                 test_timeout_s=test_timeout_s, include_hidden=include_hidden,
-                 expected=(expected or {}).get(lab), progress=progress)
-        for lab in (labs or lab_names())
-    ]
+    runs = []
+    for lab in labs or lab_names():
+        lab_env = env
+        if isolated and lab in IN_PROCESS_LABS:
+            # NOTE: a correct submission must never lose points to the isolation itself: a lab
+            # whose tests the worker cannot serve yet is graded in-process, and the report says so.
+            lab_env = plain_env
+            notes.append(f"{lab}: graded in-process, not isolated ({IN_PROCESS_LABS[lab]})")
+        runs.append(_run_lab(lab, impl=impl, env=lab_env, only=only, extra_args=extra_args,
+                             timeout_s=timeout_s, test_timeout_s=test_timeout_s,
+                             include_hidden=include_hidden, expected=(expected or {}).get(lab),
+                             progress=progress))
     records = [r for run in runs for r in run.records]
     collected = [n for run in runs for n in run.collected]
     if not collected:
@@ -150,6 +158,7 @@ def run_lab_tests(
         implementation=impls[0] if impls else "",
         output="\n".join(run.output for run in runs),
         problems=[p for run in runs for p in run.problems],
+        notes=notes,
     )
 
 
