@@ -22,6 +22,9 @@ from reference.grader.mutants import build_mutant, load_mutants
 from reference.grader.results import total_points
 from reference.paths import REPO_ROOT
 
+# Minutes on 2 cores (builds, subprocess grading runs): CI runs them with `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 # NOTE: building a second fresh environment costs another minute; CI runs this one on purpose
 # (PAGEDLAB_SLOW_TESTS=1, see the lead's .ci/run), a plain `pytest` skips it.
 SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SLOW_TESTS") != "1",

@@ -9,6 +9,9 @@ import pytest
 
 from reference.tools.compile import DEFAULT_ARCHS, compile_cu, compiler_available, find_cu_files
 
+# Minutes on 2 cores (builds, subprocess grading runs): CI runs them with `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 CU_FILES = find_cu_files()
 
 

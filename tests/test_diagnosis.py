@@ -71,6 +71,7 @@ def test_released_diagnosis_holds_no_solution_code(lab):
 
 
 @SLOW
+@pytest.mark.slow
 def test_grade_names_the_mistake_of_a_mutant():
     """`pagedlab grade 1` on Lab 1's double-free mutant prints "your failures look like:
     <its mistake> — see handout §..."."""

@@ -25,8 +25,8 @@ from reference.errors import (KernelDeadlockError, KernelFaultError,  # noqa: E4
                               KernelOutOfBoundsError)
 from reference.paths import REPO_ROOT, SOLUTIONS_DIR  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which(emulate.CXX) is None,
-                                reason=f"the emulated device needs {emulate.CXX}")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which(emulate.CXX) is None,
+                                reason=f"the emulated device needs {emulate.CXX}")]
 
 
 @pytest.fixture(autouse=True)

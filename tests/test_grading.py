@@ -83,6 +83,7 @@ def test_lab_test_without_points_stops_the_run(tmp_path):
     assert "needs exactly one @pytest.mark.points" in proc.stderr
 
 
+@pytest.mark.slow
 def test_readme_grade_command_scores_every_starter_zero(tmp_path):
     """The README's main job, `LAB_IMPL=starter pagedlab grade`, grades every lab: each one is in
     results.json with tests, the score is 0, and the TODOs to do are listed."""

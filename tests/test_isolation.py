@@ -13,6 +13,9 @@ import pytest
 from grading_helpers import by_name, grade, make_workbook
 from reference.gpu import gpu_skip_reason
 
+# Minutes on 2 cores (builds, subprocess grading runs): CI runs them with `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 TESTS = '''
     import pytest
 

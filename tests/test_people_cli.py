@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from grading_helpers import grade, make_workbook, pagedlab
 from reference.grader.results import TestResult
 from reference.grader.progress import Progress
@@ -100,6 +102,7 @@ def test_progress_lines():
     assert "1/2 passed" in plain.getvalue() and "\r" not in plain.getvalue()
 
 
+@pytest.mark.slow
 def test_grade_exit_codes(tmp_path):
     """0 graded; 1 below --fail-under; 2 could not grade (bad LAB_IMPL, unknown lab)."""
     root = _workbook(tmp_path)

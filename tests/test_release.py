@@ -18,6 +18,9 @@ from reference.grader.parity import check_lab, compare_cuda
 from reference.grader.results import total_points
 from reference.paths import REPO_ROOT
 
+# Minutes on 2 cores (builds, subprocess grading runs): CI runs them with `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 SLOW = pytest.mark.skipif(os.environ.get("PAGEDLAB_SKIP_SLOW") == "1",
                           reason="slow end-to-end test (PAGEDLAB_SKIP_SLOW=1)")
 LAB1 = "lab01_block_manager"
