@@ -550,9 +550,14 @@ def check_on_cuda(**arrays) -> None:
         **arrays: argument name -> torch tensor or CuPy array (or None), in the caller's order.
 
     Raises:
+        TypeError: no array was given at all (a launcher that forgot to pass its tensors would
+            otherwise be "checked" by a call that checks nothing).
         DeviceMismatchError: naming the first array on the CPU, or the first one on another GPU
             than the first array's.
     """
+    if not arrays:
+        raise TypeError("check_on_cuda() needs at least one tensor or array (name=tensor "
+                        "keyword arguments); it was called with none")
     first = None
     for name, x in arrays.items():
         if x is None:

@@ -163,8 +163,13 @@ def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:
 
     Returns:
         The number of query heads per CTA.
+
+    Raises:
+        TypeError: ``group`` or ``limit`` is not an int.
+        ValueError: ``group`` or ``limit`` is below 1.
     """
-    # TODO(lab4.2): the largest divisor of group that is <= limit.
+    # TODO(lab4.2): check group and limit with check_int (min_value=1; keep the Python ints it
+    # returns), then return the largest divisor of group that is <= limit.
     raise NotImplementedError("TODO(lab4.2): heads_per_cta — how many query heads share a CTA")
 
 
@@ -266,12 +271,15 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
 
     Returns:
         The plan; ``num_partitions == 1`` means no split (and no reduce kernel).
+        NumPy and torch integer scalars give the same plan as Python ints (the arithmetic is
+        done in Python ints, never in the caller's wrapping integer type).
 
     Raises:
         TypeError: an argument is not an int.
         ValueError: an argument is out of range.
     """
-    # TODO(lab4.3): validate the arguments (check_int), then: partitions that would give
+    # TODO(lab4.3): validate the arguments (check_int) and rebind each to the Python int it
+    # returns (a np.uint8 argument must not make the arithmetic wrap), then: partitions that would give
     # target_ctas_per_sm * num_sms CTAs; their length aligned to PARTITION_ALIGN (up, unless that
     # loses a partition), clamped to [PARTITION_ALIGN, max_partition_size]; enough of them to
     # cover max_context_len (at least 1).

@@ -327,3 +327,30 @@ def test_heads_per_cta_divides_the_group(impl):
         hpc = impl.heads_per_cta(group)
         assert group % hpc == 0 and 1 <= hpc <= impl.MAX_HEADS_PER_CTA
         assert hpc == max(d for d in range(1, 9) if group % d == 0)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("group, error", [(0, ValueError), (-4, ValueError), (2.5, TypeError),
+                                          ("4", TypeError)])
+def test_heads_per_cta_rejects_a_bad_group(impl, group, error):
+    """heads_per_cta refuses a group that is not an int >= 1 with a typed error naming group."""
+    with pytest.raises(error, match="group") as info:
+        impl.heads_per_cta(group)
+    assert "group" in str(info.value), (
+        f"heads_per_cta({group!r}) raised {info.value!r}: check group with check_int(..., "
+        "min_value=1) first, instead of letting max()/range() fail without naming it")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kind", [np.uint8, np.int16, np.uint32, np.int64])
+def test_split_plan_is_the_same_for_numpy_integer_arguments(impl, kind):
+    """plan_split_kv computes in Python ints: NumPy integer arguments (a scheduler's counters)
+    give exactly the plan that Python ints give, with no wrap-around in the products."""
+    args = (16, 32, 100, 120)  # num_seqs * num_kv_heads = 512: wraps to 0 in uint8
+    want = impl.plan_split_kv(*args)
+    got = impl.plan_split_kv(*(kind(a) for a in args))
+    assert (got.num_partitions, got.partition_size) == (want.num_partitions,
+                                                        want.partition_size), (
+        f"plan_split_kv with {kind.__name__} arguments gave {got}, Python ints {want}: keep the "
+        "Python int that check_int returns (num_seqs = check_int(...)) so the arithmetic never "
+        f"happens in {kind.__name__}")

@@ -201,15 +201,22 @@ def kernel_tiling(kernel: str, num_q_heads: int, num_kv_heads: int, *,
         ``(rows_per_token, block_m, block_n)``.
 
     Raises:
-        ValueError: an unknown kernel.
+        ValueError: an unknown kernel, a head count below 1, or ``num_q_heads`` not a multiple
+            of ``num_kv_heads``.
+        TypeError: a head count that is not an int.
     """
+    if kernel not in KERNEL_DTYPES:
+        raise ValueError(f"kernel must be one of {sorted(KERNEL_DTYPES)}, got {kernel!r}")
+    num_q_heads = check_int("num_q_heads", num_q_heads, min_value=1)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads={num_q_heads} must be a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
     if kernel == "tiled":
         return 1, TILED_BLOCK_M, TILED_BLOCK_N
     if kernel == "tc":
         return num_q_heads // num_kv_heads, tc_tiling.block_m, TC_BLOCK_N
-    if kernel == "naive":
-        return 1, TILED_BLOCK_M, TILED_BLOCK_N
-    raise ValueError(f"kernel must be one of {sorted(KERNEL_DTYPES)}, got {kernel!r}")
+    return 1, TILED_BLOCK_M, TILED_BLOCK_N  # naive: any plan will do
 
 
 def check_plan_fits(plan: TilePlan, shapes: PrefillShapes, *, rows_per_token: int | None,

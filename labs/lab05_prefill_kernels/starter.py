@@ -58,7 +58,13 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     scalars,
     tiled_shared_bytes,
 )
-from reference.checks import check_array, check_on_cuda, check_scale, dtype_name  # noqa: F401
+from reference.checks import (  # noqa: F401
+    check_array,
+    check_int,
+    check_on_cuda,
+    check_scale,
+    dtype_name,
+)
 from reference.cuda import as_torch, get_kernel, launch, like_input, ptr  # noqa: F401
 from reference.errors import UnsupportedConfigError
 
@@ -83,7 +89,7 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
         context_lens: [num_seqs] int32
         scale: softmax scale, a finite float > 0.
         kernel: ``"naive"``, ``"tiled"`` or ``"tc"`` (which dtypes are supported).
-        alibi_slopes: [num_q_heads] float32, or None.
+        alibi_slopes: [num_q_heads] float32, every slope finite, or None.
         out: [num_tokens, num_q_heads, head_size] like ``query``, or None.
 
     Returns:
@@ -92,9 +98,9 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     Raises:
         TypeError: an argument is not a torch tensor / CuPy array, has the wrong dtype, or
             ``scale`` is not a float.
-        ValueError: wrong rank or shape, not contiguous, misaligned, or sizes that disagree
-            (``num_q_heads`` not a multiple of ``num_kv_heads``, ``cu_seqlens_q`` not
-            ``num_seqs + 1`` long, ...).
+        ValueError: wrong rank or shape, not contiguous, misaligned, sizes that disagree
+            (``num_q_heads`` zero or not a multiple of ``num_kv_heads``, ``cu_seqlens_q`` not
+            ``num_seqs + 1`` long, ...), or an ALiBi slope that is NaN or infinite.
         UnsupportedConfigError: head_size, block_size or dtype the kernel has no code for.
     """
     # TODO(lab5.1): check, in this order, raising the error types the docstring lists and naming
@@ -104,13 +110,14 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     #     as query, same shape as each other), block_tables [num_seqs, width] int32,
     #     cu_seqlens_q [num_seqs + 1] int32, context_lens [num_seqs] int32 — each a torch tensor
     #     or CuPy array (check_array does kind, rank, dtype, contiguity);
-    #   * head sizes agree; num_q_heads % num_kv_heads == 0; at least one block and one column;
+    #   * head sizes agree; num_q_heads >= 1 and num_q_heads % num_kv_heads == 0 (0 % n == 0
+    #     too: refuse zero query heads explicitly); at least one block and one column;
     #   * head_size, block_size and dtype supported (UnsupportedConfigError);
-    #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32)); alibi_slopes None or [Hq] float32; out None
+    #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32)); alibi_slopes None or [Hq] float32 with every slope finite (NaN/inf -> ValueError); out None
     #     or like query;
     #   * query, caches and out start on a 16-byte boundary (data_ptr).
-    # Read no values and do not look at the device: that comes later, so all of this is
-    # testable with CPU tensors.
+    # Read no values but the Hq ALiBi slopes, and do not look at the device: that comes later,
+    # so all of this is testable with CPU tensors.
     raise NotImplementedError("TODO(lab5.1): check_prefill_inputs — shapes, dtypes, sizes, names")
 
 
@@ -126,8 +133,8 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         context_lens: [num_seqs] keys per sequence, history included: at least the sequence's
             query length.
         rows_per_token: rows per query token (the GQA group for the tensor-core kernel).
-        block_m: rows per tile.
-        block_n: keys per KV tile.
+        block_m: rows per tile (an int >= 1).
+        block_n: keys per KV tile (an int >= 1).
         causal: a tile visits keys up to its last row's diagonal only.
 
     Returns:
@@ -135,10 +142,13 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         docstring in ``_launch.py``); empty sequences contribute no tile.
 
     Raises:
-        ValueError: bad values, naming ``cu_seqlens_q`` or ``context_lens`` and the first bad
-            sequence.
+        TypeError: ``rows_per_token``, ``block_m`` or ``block_n`` is not an int.
+        ValueError: one of them is below 1, or bad values, naming ``cu_seqlens_q`` or
+            ``context_lens`` and the first bad sequence.
     """
-    # TODO(lab5.2): read both arrays to the host (host_ints), check len(cu) == len(ctx) + 1,
+    # TODO(lab5.2): first check rows_per_token, block_m and block_n (check_int, min_value=1:
+    # block_m=0 or block_n=0 must be a typed error naming it, not a ZeroDivisionError). Then
+    # read both arrays to the host (host_ints), check len(cu) == len(ctx) + 1,
     # cu[0] == 0, no negative query length, context_lens >= query length (ValueError naming the
     # array and the first bad sequence). Then for each sequence with q_len > 0: num_rows =
     # q_len * rows_per_token; a tile every block_m rows (the last one partial); the tile's KV

@@ -194,3 +194,47 @@ def test_rejects_block_ids_out_of_range(impl, kernel, bad_id):
     batch["block_tables"][2, 2:] = bad_id  # past the context: never read, so fine
     with pytest.raises(DeviceMismatchError):
         launcher(impl, kernel)(**batch)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_rejects_non_finite_alibi_slopes(impl, kernel, bad):
+    """An ALiBi slope that is NaN or infinite raises ValueError naming alibi_slopes: the kernel
+    would turn every score of that head into NaN without a word."""
+    batch = cpu_batch(alibi=True)
+    batch["alibi_slopes"] = batch["alibi_slopes"].clone()
+    batch["alibi_slopes"][3] = bad
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        launcher(impl, kernel)(**batch)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        impl.check_prefill_inputs(**batch, kernel=kernel)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rejects_zero_query_heads(impl, kernel):
+    """A query with zero heads raises ValueError naming num_q_heads in check_prefill_inputs
+    (0 is a multiple of every num_kv_heads, so the GQA check alone lets it through)."""
+    batch = cpu_batch()
+    batch["query"] = torch.zeros(batch["query"].shape[0], 0, 64, dtype=batch["query"].dtype)
+    try:
+        impl.check_prefill_inputs(**batch, kernel=kernel)
+    except ValueError as exc:
+        assert "num_q_heads" in str(exc), f"refused, but without naming num_q_heads: {exc}"
+    else:
+        pytest.fail("check_prefill_inputs accepted a query of zero heads: num_q_heads % "
+                    "num_kv_heads == 0 holds for 0 too, so refuse num_q_heads == 0 on its own")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kw, error, name", [
+    (dict(block_m=0), ValueError, "block_m"), (dict(block_n=0), ValueError, "block_n"),
+    (dict(rows_per_token=0), ValueError, "rows_per_token"),
+    (dict(block_m=2.5), TypeError, "block_m"), (dict(block_n="64"), TypeError, "block_n")])
+def test_plan_rejects_bad_tile_sizes(impl, kw, error, name):
+    """plan_query_tiles refuses a tile size that is not an int >= 1 with a typed error naming
+    it, before reading the metadata (not a ZeroDivisionError or an empty range)."""
+    cu, ctx = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([10, 20], dtype=torch.int32)
+    with pytest.raises(error, match=name):
+        impl.plan_query_tiles(cu, ctx, **kw)

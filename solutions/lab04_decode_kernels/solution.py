@@ -227,7 +227,13 @@ def heads_per_cta(group: int, limit: int = MAX_HEADS_PER_CTA) -> int:
 
     Returns:
         The number of query heads per CTA.
+
+    Raises:
+        TypeError: ``group`` or ``limit`` is not an int.
+        ValueError: ``group`` or ``limit`` is below 1.
     """
+    group = check_int("group", group, min_value=1)
+    limit = check_int("limit", limit, min_value=1)
     return max(d for d in range(1, min(group, limit) + 1) if group % d == 0)
 
 
@@ -339,20 +345,25 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
 
     Returns:
         The plan; ``num_partitions == 1`` means no split (and no reduce kernel).
+        NumPy and torch integer scalars give the same plan as Python ints (the arithmetic is
+        done in Python ints, never in the caller's wrapping integer type).
 
     Raises:
         TypeError: an argument is not an int.
         ValueError: an argument is out of range.
     """
-    check_int("num_seqs", num_seqs, min_value=0)
-    check_int("num_kv_heads", num_kv_heads, min_value=1)
-    check_int("max_context_len", max_context_len, min_value=0)
-    check_int("num_sms", num_sms, min_value=1)
-    check_int("block_size", block_size, min_value=1)
+    # NOTE: rebind each to check_int's Python int: a np.uint32 or np.int8 argument would
+    # otherwise carry its wrapping arithmetic into every product below.
+    num_seqs = check_int("num_seqs", num_seqs, min_value=0)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, min_value=1)
+    max_context_len = check_int("max_context_len", max_context_len, min_value=0)
+    num_sms = check_int("num_sms", num_sms, min_value=1)
+    block_size = check_int("block_size", block_size, min_value=1)
     if block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"block_size={block_size} is not one of {SUPPORTED_BLOCK_SIZES}")
-    check_int("target_ctas_per_sm", target_ctas_per_sm, min_value=1)
-    check_int("max_partition_size", max_partition_size, min_value=PARTITION_ALIGN)
+    target_ctas_per_sm = check_int("target_ctas_per_sm", target_ctas_per_sm, min_value=1)
+    max_partition_size = check_int("max_partition_size", max_partition_size,
+                                   min_value=PARTITION_ALIGN)
     if max_partition_size % PARTITION_ALIGN:
         raise ValueError(f"max_partition_size={max_partition_size} is not a multiple of "
                          f"PARTITION_ALIGN={PARTITION_ALIGN}")

@@ -58,7 +58,13 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     scalars,
     tiled_shared_bytes,
 )
-from reference.checks import check_array, check_on_cuda, check_scale, dtype_name  # noqa: F401
+from reference.checks import (  # noqa: F401
+    check_array,
+    check_int,
+    check_on_cuda,
+    check_scale,
+    dtype_name,
+)
 from reference.cuda import as_torch, get_kernel, launch, like_input, ptr  # noqa: F401
 from reference.errors import UnsupportedConfigError
 
@@ -83,7 +89,7 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
         context_lens: [num_seqs] int32
         scale: softmax scale, a finite float > 0.
         kernel: ``"naive"``, ``"tiled"`` or ``"tc"`` (which dtypes are supported).
-        alibi_slopes: [num_q_heads] float32, or None.
+        alibi_slopes: [num_q_heads] float32, every slope finite, or None.
         out: [num_tokens, num_q_heads, head_size] like ``query``, or None.
 
     Returns:
@@ -92,9 +98,9 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     Raises:
         TypeError: an argument is not a torch tensor / CuPy array, has the wrong dtype, or
             ``scale`` is not a float.
-        ValueError: wrong rank or shape, not contiguous, misaligned, or sizes that disagree
-            (``num_q_heads`` not a multiple of ``num_kv_heads``, ``cu_seqlens_q`` not
-            ``num_seqs + 1`` long, ...).
+        ValueError: wrong rank or shape, not contiguous, misaligned, sizes that disagree
+            (``num_q_heads`` zero or not a multiple of ``num_kv_heads``, ``cu_seqlens_q`` not
+            ``num_seqs + 1`` long, ...), or an ALiBi slope that is NaN or infinite.
         UnsupportedConfigError: head_size, block_size or dtype the kernel has no code for.
     """
     if kernel not in KERNEL_DTYPES:
@@ -119,6 +125,9 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     if cache_head_size != head_size:
         raise ValueError(f"key_cache head_size {cache_head_size} differs from query head_size "
                          f"{head_size}")
+    # NOTE: 0 % num_kv_heads == 0, so zero query heads must be refused on their own.
+    if num_q_heads == 0:
+        raise ValueError(f"num_q_heads must be >= 1, got query shape {tuple(query.shape)}")
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads={num_q_heads} (query) must be a multiple of "
                          f"num_kv_heads={num_kv_heads} (key_cache)")
@@ -146,6 +155,11 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
         if tuple(alibi_slopes.shape) != (num_q_heads,):
             raise ValueError(f"alibi_slopes must have shape ({num_q_heads},) (one per query "
                              f"head), got {tuple(alibi_slopes.shape)}")
+        # NOTE: the one value read here (num_q_heads floats): a NaN slope silently turns every
+        # score of its head into NaN, which no later check would notice.
+        if not bool(as_torch(alibi_slopes).isfinite().all()):
+            raise ValueError("alibi_slopes must all be finite, got NaN or inf in "
+                             f"{as_torch(alibi_slopes).tolist()}")
     if out is not None:
         check_array("out", out, 3, (dtype,))
         if tuple(out.shape) != tuple(query.shape):
@@ -172,8 +186,8 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         context_lens: [num_seqs] keys per sequence, history included: at least the sequence's
             query length.
         rows_per_token: rows per query token (the GQA group for the tensor-core kernel).
-        block_m: rows per tile.
-        block_n: keys per KV tile.
+        block_m: rows per tile (an int >= 1).
+        block_n: keys per KV tile (an int >= 1).
         causal: a tile visits keys up to its last row's diagonal only.
 
     Returns:
@@ -181,9 +195,13 @@ def plan_query_tiles(cu_seqlens_q, context_lens, *, rows_per_token: int = 1, blo
         docstring in ``_launch.py``); empty sequences contribute no tile.
 
     Raises:
-        ValueError: bad values, naming ``cu_seqlens_q`` or ``context_lens`` and the first bad
-            sequence.
+        TypeError: ``rows_per_token``, ``block_m`` or ``block_n`` is not an int.
+        ValueError: one of them is below 1, or bad values, naming ``cu_seqlens_q`` or
+            ``context_lens`` and the first bad sequence.
     """
+    rows_per_token = check_int("rows_per_token", rows_per_token, min_value=1)
+    block_m = check_int("block_m", block_m, min_value=1)
+    block_n = check_int("block_n", block_n, min_value=1)
     cu = host_ints("cu_seqlens_q", cu_seqlens_q)
     ctx = host_ints("context_lens", context_lens)
     if len(cu) != len(ctx) + 1:
