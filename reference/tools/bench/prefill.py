@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                 tiling = {}
                 try:
                     if variant is not None:
-                        warps, rows = (int(x) for x in variant.split("x"))
-                        tiling = {"tc_tiling": impl.TcTiling(warps, rows)}
+                        # NOTE: not `rows`: that name holds the table being built.
+                        num_warps, rows_per_warp = (int(x) for x in variant.split("x"))
+                        tiling = {"tc_tiling": impl.TcTiling(num_warps, rows_per_warp)}
                     plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
                                                 num_q_heads=common["num_q_heads"],
                                                 num_kv_heads=common["num_kv_heads"], **tiling)
