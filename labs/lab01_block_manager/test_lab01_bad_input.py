@@ -95,3 +95,25 @@ def test_list_arguments_are_checked_whole_before_anything_changes(impl):
             "a refused call changed ref counts or the free queue: validate the whole list, then "
             "take references")
     check_invariants(bm)
+
+
+@pytest.mark.points(1)
+def test_half_linked_block_counts_as_queued(impl):
+    """A block with *either* link set counts as queued: append() refuses it with ValueError and
+    leaves the queue as it was, and FreeBlockQueue([fresh, half_linked]) refuses the list before
+    linking ``fresh``."""
+    other = impl.KVCacheBlock(block_id=9)
+    for links in ({"prev_free": other}, {"next_free": other}):
+        q = impl.FreeBlockQueue([impl.KVCacheBlock(block_id=0)])
+        half = impl.KVCacheBlock(block_id=1, **links)
+        with pytest.raises(ValueError):
+            q.append(half)
+        assert q.block_ids() == [0] and len(q) == 1, (
+            f"append() accepted a block with only {next(iter(links))} set: test each link on "
+            "its own (`or`, not `and`) — a block with one link is still in some queue")
+        fresh = impl.KVCacheBlock(block_id=2)
+        with pytest.raises(ValueError):
+            impl.FreeBlockQueue([fresh, half])
+        assert _links([fresh]) == [(True, True)], (
+            f"FreeBlockQueue([fresh, block with only {next(iter(links))} set]) linked `fresh` "
+            "before refusing: the up-front check must refuse every block append() would refuse")

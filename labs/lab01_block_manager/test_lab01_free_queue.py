@@ -54,3 +54,20 @@ def test_queue_misuse_raises(impl):
     q.popleft()
     with pytest.raises(IndexError):
         q.popleft()
+
+
+@pytest.mark.points(1)
+def test_block_repr_does_not_walk_the_free_queue(impl):
+    """repr() of a queued block stays short: it shows the block, not its queue neighbours, so
+    printing one block (a failing assert, a debugger) never walks the whole free queue."""
+    blocks = _blocks(impl, 2000)
+    impl.FreeBlockQueue(blocks)
+    for block in (blocks[0], blocks[1000], blocks[-1]):
+        try:
+            text = repr(block)
+        except RecursionError:
+            text = "<RecursionError>"
+        assert len(text) < 200 and f"block_id={block.block_id}" in text, (
+            f"repr(block {block.block_id}) in a 2000-block queue is {len(text)} characters "
+            f"({text[:80]}...): prev_free/next_free must stay out of the repr "
+            "(field(repr=False)), or printing one block prints, and recurses through, the queue")
