@@ -80,5 +80,5 @@ def test_grade_names_the_mistake_of_a_mutant():
         folder = build_mutant(mutant, Path(tmp))
         proc = pagedlab(REPO_ROOT, "grade", "1", "--quiet", "--no-hidden", "--results",
                         str(Path(tmp) / "r.json"), "--summary", str(Path(tmp) / "s.md"),
-                        env={MUTANT_DIR_ENV: str(folder)})
+                        env={MUTANT_DIR_ENV: str(folder), "LAB_IMPL": "solution"})
     assert f"your failures look like: {mutant.mistake} — see handout §" in proc.stdout, proc.stdout
