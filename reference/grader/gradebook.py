@@ -63,6 +63,12 @@ def fmt_points(x: Fraction | float) -> str:
     return f"{round(float(x), 2):g}"
 
 
+def total_points_of(rows: list[LabRow]) -> tuple[Fraction, Fraction]:
+    """Returns (points earned, maximum) over the rows, exactly."""
+    return (sum((r.points for r in rows), Fraction(0)),
+            sum((r.max_points for r in rows), Fraction(0)))
+
+
 def format_table(rows: list[LabRow]) -> str:
     """Returns the plain-text grade table (lab × tests passed/total, points/max)."""
     header = f"{'lab':<28} {'tests':>9} {'skipped':>8} {'points':>13}"
@@ -72,8 +78,7 @@ def format_table(rows: list[LabRow]) -> str:
             f"{r.lab:<28} {f'{r.passed}/{r.total}':>9} {r.skipped:>8} "
             f"{f'{fmt_points(r.points)}/{fmt_points(r.max_points)}':>13}"
         )
-    tot_p = sum((r.points for r in rows), Fraction(0))
-    tot_m = sum((r.max_points for r in rows), Fraction(0))
+    tot_p, tot_m = total_points_of(rows)
     passed = sum(r.passed for r in rows)
     total = sum(r.total for r in rows)
     skipped = sum(r.skipped for r in rows)
@@ -172,8 +177,8 @@ def gradescope_results(records: list[TestResult], implementation: str,
     rows = summarize(records)
     output = [f"Graded implementation: {implementation}", *hidden_summary(records), *notes]
     return {
-        "score": points_float(sum((r.points for r in rows), Fraction(0))),
-        "max_score": points_float(sum((r.max_points for r in rows), Fraction(0))),
+        "score": points_float(total_points_of(rows)[0]),
+        "max_score": points_float(total_points_of(rows)[1]),
         "output": "\n".join(output),
         "visibility": "visible",
         "stdout_visibility": "hidden",
@@ -201,8 +206,7 @@ def markdown_summary(records: list[TestResult], implementation: str,
             f"| {r.lab} | {r.passed}/{r.total} | {r.skipped} | "
             f"{fmt_points(r.points)}/{fmt_points(r.max_points)} |"
         )
-    tot_p = sum((r.points for r in rows), Fraction(0))
-    tot_m = sum((r.max_points for r in rows), Fraction(0))
+    tot_p, tot_m = total_points_of(rows)
     lines.append(f"| **total** | | | **{fmt_points(tot_p)}/{fmt_points(tot_m)}** |")
     hidden_lines = hidden_summary(records)
     if hidden_lines:
