@@ -131,7 +131,7 @@ def hf_greedy_generate(hf_model, prompts: list[list[int]], max_tokens: int) -> l
     """
     outputs = []
     for prompt in prompts:
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=hf_model.device)
         out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                                 eos_token_id=None, pad_token_id=0)
