@@ -95,24 +95,33 @@ class LlamaShape:
     rms_norm_eps: float
 
 
-def make_tiny_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides):
+def make_tiny_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, device: str = "cpu",
+                       **overrides):
     """Builds a randomly initialised ``transformers`` ``LlamaForCausalLM`` (no download).
 
     Args:
-        seed: torch seed for the initial weights (same seed, same weights, on every machine).
+        seed: torch seed for the initial weights (same seed, same weights, on every machine of
+            the same device type).
         dtype: parameter dtype.
-        **overrides: ``LlamaConfig`` fields replacing :data:`TINY_LLAMA`'s.
+        device: where the weights are made (a 1B-class shape is made on the GPU directly:
+            initialising a billion parameters on the CPU takes a minute).
+        **overrides: ``LlamaConfig`` fields replacing :data:`TINY_LLAMA`'s (and
+            ``attn_implementation``, ``"eager"`` by default).
 
     Returns:
         The model in eval mode.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{**TINY_LLAMA, **overrides}, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None, attn_implementation="eager")
-    with torch.random.fork_rng():
+    # NOTE: eager attention unless overridden: its float32 softmax is what the paged model matches.
+    config = LlamaConfig(**{"attn_implementation": "eager", **TINY_LLAMA, **overrides},
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    device = torch.device(device)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        with device:
+            model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
 
 

@@ -203,3 +203,22 @@ def test_kernels_without_a_device_say_how_to_emulate():
     hf = make_tiny_hf_llama(seed=0, dtype=torch.float16, **TINY_KERNEL_LLAMA)
     with pytest.raises(BackendUnavailableError, match="PAGEDLAB_DEVICE=emulate"):
         PagedLlama.from_hf(hf, dtype=torch.float16, attention_backend="kernels")
+
+
+@pytest.mark.emulated
+@needs_kernels
+def test_bench_serve_runs_on_the_kernels(tmp_path):
+    """``pagedlab bench serve --shape tiny-kernels --backend kernels`` serves a small trace on
+    the kernels and writes its JSON: every request's tokens counted, the pool back to empty."""
+    import json
+
+    from reference.tools.bench import serve
+
+    assert serve.main(["--shape", "tiny-kernels", "--backend", "kernels", "--requests", "6",
+                       "--output-mean", "6", "--hf-batch", "3", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "serve_tiny-kernels_kernels.json").read_text())
+    engine, hf = result["rows"]
+    assert result["backend"] == "kernels" and result["dtype"] == "float16"
+    assert engine["generated_tokens"] == hf["generated_tokens"] > 0, (
+        "the engine and transformers did not generate the same number of tokens for one trace")
+    assert result["trace"][-1]["used_blocks"] == 0, "blocks still in use after the last step"
