@@ -31,6 +31,7 @@ import time
 import numpy as np
 import torch
 
+from reference.emulate import emulating
 from reference.loader import describe_impl, load_impl
 from reference.llama import PagedLlama, make_tiny_hf_llama
 from reference.tools.bench._common import DEFAULT_OUT, format_table, try_pyplot, write_results
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     pool_mib = num_blocks * args.block_size * per_token / 2**20
     print(f"{requests} requests (seed {args.seed}), mean prompt "
           f"{np.mean([len(p) for p in prompts]):.0f} / output {np.mean(outputs):.0f} tokens, "
-          f"shape {args.shape}, {dtype_name}, {device}, backend {args.backend} ({describe_impl()} "
+          f"shape {args.shape}, {dtype_name}, {device}{' (emulated)' if emulating() else ''}, backend {args.backend} ({describe_impl()} "
           f"for Labs 4-6), pool {num_blocks} blocks of {args.block_size} ({pool_mib:.2f} MiB), "
           f"budget {budget}, max_num_seqs {max_num_seqs}")
     columns = [("system", "system", ""), ("tokens_per_s", "gen tok/s", ".0f"),
@@ -294,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or ("serve" if (args.shape, args.backend) == ("tiny", "oracle")
                          else f"serve_{args.shape}_{args.backend}")
     payload = {"shape": {"name": args.shape, **SHAPES[args.shape]}, "dtype": dtype_name,
-               "device": str(device), "backend": args.backend, "impl": describe_impl(),
+               "device": str(device), "emulated": emulating(), "backend": args.backend,
+               "impl": describe_impl(),
                "requests": {"num": requests, "prompt_mean": prompt_mean,
                             "output_mean": output_mean},
                "engine": {"num_blocks": num_blocks, "block_size": args.block_size,
