@@ -97,14 +97,31 @@ def _mem_peak_gib(device: torch.device, start: int) -> float | None:
 
 
 def kv_bytes_per_token(model: PagedLlama) -> int:
-    """K and V of every layer for one token, in the model's dtype."""
+    """K and V of every layer for one token, in the model's dtype.
+
+    Args:
+        model: the paged model.
+
+    Returns:
+        Bytes per token.
+    """
     s = model.shape
     return 2 * s.num_layers * s.num_kv_heads * s.head_size * model.weights["lm_head.weight"].element_size()
 
 
 def hf_kv_bytes(prompts, outputs, batch_size: int, per_token: int) -> int:
     """The dense KV cache ``transformers`` holds for its largest batch: every row padded to the
-    batch's longest prompt plus its longest output."""
+    batch's longest prompt plus its longest output.
+
+    Args:
+        prompts: token ids per request.
+        outputs: tokens to generate per request.
+        batch_size: requests per ``generate`` call (in order, as :func:`run_hf` batches them).
+        per_token: :func:`kv_bytes_per_token`.
+
+    Returns:
+        Bytes.
+    """
     worst = 0
     for i in range(0, len(prompts), batch_size):
         batch, lens = prompts[i:i + batch_size], outputs[i:i + batch_size]
