@@ -7,7 +7,9 @@ the layers. Each layer
   1. projects the step's new tokens to q, k, v and rotates q and k by their *positions* (RoPE),
   2. writes k and v into the pool at ``slot_mapping`` (vLLM's ``reshape_and_cache``),
   3. attends each sequence's queries to every key its ``block_tables`` row lists, causally with
-     history (``reference/oracle.py``'s semantics, in torch).
+     history (``reference/oracle.py``'s semantics): in torch (``attention_backend="oracle"``),
+     or on Lab 4's decode and Lab 5's prefill kernels (``"kernels"``, float16/bfloat16, see
+     ``reference/kernel_backend.py``).
 
 So the positions, slots and tables the engine hands in decide everything: a wrong one gives
 wrong tokens, which is what Lab 6's tests compare against Hugging Face ``transformers``.
@@ -27,18 +29,27 @@ from pathlib import Path
 
 import torch
 
+from reference.kernel_backend import (  # noqa: F401  (re-exported: the engine and tests use them)
+    BackendUnavailableError,
+    KernelLabsUnfinishedError,
+    KernelStep,
+    check_kernel_model,
+)
 from reference.layout import PAD_BLOCK_ID
 
-#: Backends the model's attention can run on: the torch oracle (CPU or GPU) or Labs 4–5's kernels.
+#: Backends the model's attention can run on: the torch oracle (CPU or GPU) or Labs 4–5's
+#: kernels (``reference/kernel_backend.py``: a GPU, or the CPU under PAGEDLAB_DEVICE=emulate).
 ATTENTION_BACKENDS = ("oracle", "kernels")
 
 #: The tiny shape Lab 6's tests use: a whole generate runs in milliseconds on one CPU core.
 TINY_LLAMA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
 
-
-class BackendUnavailableError(RuntimeError):
-    """The chosen attention backend cannot run on this machine (e.g. ``kernels`` without a GPU)."""
+#: The smallest shape the kernels take (head size 64: Labs 4-5 have no code for 16), GQA group
+#: 2, for the kernel backend's tests: an emulated generate runs in seconds.
+TINY_KERNEL_LLAMA = dict(vocab_size=256, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=1024)
 
 
 @dataclass
@@ -84,24 +95,33 @@ class LlamaShape:
     rms_norm_eps: float
 
 
-def make_tiny_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, **overrides):
+def make_tiny_hf_llama(seed: int = 0, dtype: torch.dtype = torch.float64, device: str = "cpu",
+                       **overrides):
     """Builds a randomly initialised ``transformers`` ``LlamaForCausalLM`` (no download).
 
     Args:
-        seed: torch seed for the initial weights (same seed, same weights, on every machine).
+        seed: torch seed for the initial weights (same seed, same weights, on every machine of
+            the same device type).
         dtype: parameter dtype.
-        **overrides: ``LlamaConfig`` fields replacing :data:`TINY_LLAMA`'s.
+        device: where the weights are made (a 1B-class shape is made on the GPU directly:
+            initialising a billion parameters on the CPU takes a minute).
+        **overrides: ``LlamaConfig`` fields replacing :data:`TINY_LLAMA`'s (and
+            ``attn_implementation``, ``"eager"`` by default).
 
     Returns:
         The model in eval mode.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{**TINY_LLAMA, **overrides}, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None, attn_implementation="eager")
-    with torch.random.fork_rng():
+    # NOTE: eager attention unless overridden: its float32 softmax is what the paged model matches.
+    config = LlamaConfig(**{"attn_implementation": "eager", **TINY_LLAMA, **overrides},
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    device = torch.device(device)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        with device:
+            model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
 
 
@@ -120,7 +140,7 @@ def hf_greedy_generate(hf_model, prompts: list[list[int]], max_tokens: int) -> l
     """
     outputs = []
     for prompt in prompts:
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=hf_model.device)
         out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                                 eos_token_id=None, pad_token_id=0)
@@ -145,11 +165,14 @@ class PagedLlama:
         Args:
             shape: the model's sizes.
             weights: parameter tensors, all of one dtype and device.
-            attention_backend: ``"oracle"`` (torch, any device) or ``"kernels"`` (Labs 4–5, GPU).
+            attention_backend: ``"oracle"`` (torch, any device, any dtype) or ``"kernels"``
+                (Labs 4–5: float16/bfloat16 weights on a GPU, or on the CPU under emulation).
 
         Raises:
             ValueError: unknown ``attention_backend``.
-            BackendUnavailableError: ``"kernels"`` on a machine without a CUDA GPU.
+            BackendUnavailableError: ``"kernels"`` where they cannot run (see
+                :func:`check_attention_backend`).
+            KernelLabsUnfinishedError: ``"kernels"`` while Lab 4 or 5 still raises a TODO.
         """
         self.shape = shape
         self.weights = weights
@@ -222,13 +245,20 @@ class PagedLlama:
         Returns:
             [num_seqs, vocab_size] logits at each sequence's last new token.
         """
+        kernel_step = None
+        if self.attention_backend == "kernels":
+            # Split into decode and prefill sequences once; every layer reuses the split.
+            kernel_step = KernelStep(inputs, self.shape.num_heads, self.shape.num_kv_heads)
+        return self._forward(inputs, kv_caches, kernel_step)
+
+    def _forward(self, inputs: StepInputs, kv_caches, kernel_step: KernelStep | None) -> torch.Tensor:
         w = self.weights
         h = w["model.embed_tokens.weight"][inputs.input_ids.to(self.device)]
         cos, sin = self._rope(inputs.positions.to(self.device))
         for layer, (key_cache, value_cache) in enumerate(kv_caches):
             p = f"model.layers.{layer}."
             x = self._rms_norm(h, w[p + "input_layernorm.weight"])
-            h = h + self._attention(x, p, cos, sin, inputs, key_cache, value_cache)
+            h = h + self._attention(x, p, cos, sin, inputs, key_cache, value_cache, kernel_step)
             x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
             gate = torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.weight"].T)
             h = h + (gate * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
@@ -238,6 +268,9 @@ class PagedLlama:
     @torch.no_grad()
     def dense_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits of every position of one sequence, computed densely through a fresh cache.
+
+        Always on the oracle attention, whatever ``attention_backend`` is: this is the reference
+        the kernels' step logits are compared with.
 
         Args:
             token_ids: the sequence.
@@ -254,7 +287,7 @@ class PagedLlama:
             context_lens=torch.tensor([n], dtype=torch.int32),
             query_start_loc=torch.tensor([0, n]), logits_indices=torch.arange(n))
         # NOTE: logits_indices lists every token, not just the last, to get every position's logits.
-        return self.forward(inputs, caches)
+        return self._forward(inputs, caches, None)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x32 = x.to(torch.float32)
@@ -272,7 +305,7 @@ class PagedLlama:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _attention(self, x, prefix, cos, sin, inputs, key_cache, value_cache):
+    def _attention(self, x, prefix, cos, sin, inputs, key_cache, value_cache, kernel_step):
         s, w = self.shape, self.weights
         n = x.shape[0]
         q = (x @ w[prefix + "self_attn.q_proj.weight"].T).view(n, s.num_heads, s.head_size)
@@ -280,36 +313,41 @@ class PagedLlama:
         v = (x @ w[prefix + "self_attn.v_proj.weight"].T).view(n, s.num_kv_heads, s.head_size)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         write_kv(key_cache, value_cache, k, v, inputs.slot_mapping.to(self.device))
-        out = paged_attention_torch(q, key_cache, value_cache, inputs, s.head_size ** -0.5)
+        if kernel_step is None:
+            out = paged_attention_torch(q, key_cache, value_cache, inputs, s.head_size ** -0.5)
+        else:
+            out = kernel_step.attention(q, key_cache, value_cache, s.head_size ** -0.5)
         return out.reshape(n, -1) @ w[prefix + "self_attn.o_proj.weight"].T
 
 
 def check_attention_backend(name: object, like: torch.Tensor) -> str:
     """Validates an ``attention_backend`` choice for weights living where ``like`` lives.
 
+    ``"kernels"`` runs the Labs 4–5 implementation the loader picks (``LAB_IMPL``): a student's
+    own kernels in a release, the solutions in an instructor's checkout. It needs float16 or
+    bfloat16 weights on a CUDA GPU, or on the CPU under ``PAGEDLAB_DEVICE=emulate``; both labs'
+    launchers are probed once here, so an unfinished lab is named now, not in the middle of a
+    step.
+
     Args:
         name: ``"oracle"`` or ``"kernels"``.
-        like: a weight tensor (its device decides whether kernels can run).
+        like: a weight tensor (its dtype and device decide whether kernels can run).
 
     Returns:
         ``name``.
 
     Raises:
         ValueError: ``name`` is not a known backend.
-        BackendUnavailableError: ``"kernels"`` without a CUDA GPU, or with weights on the CPU.
+        BackendUnavailableError: ``"kernels"`` with float32/float64 weights, without a CUDA GPU
+            (and no emulation), or with the weights elsewhere than the kernels read.
+        KernelLabsUnfinishedError: ``"kernels"`` while Lab 4's ``paged_attention`` or Lab 5's
+            ``paged_prefill_tc`` raises ``NotImplementedError("TODO(labN.k): ...")``; the
+            message names the TODO.
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "kernels":
-        if not torch.cuda.is_available() or like.device.type != "cuda":
-            raise BackendUnavailableError(
-                "attention_backend='kernels' runs Lab 4's decode and Lab 5's prefill CUDA kernels "
-                "and needs a CUDA GPU with the model on it (device='cuda'); this machine/model has "
-                "none. Use attention_backend='oracle' (the default) on a CPU.")
-        raise BackendUnavailableError(
-            "attention_backend='kernels' is designed but not wired in this release: the engine "
-            "hands the kernels the same StepInputs, but Labs 4-5's launchers are not called yet. "
-            "Use attention_backend='oracle'.")
+        check_kernel_model(like)
     return name
 
 
