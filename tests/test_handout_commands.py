@@ -253,3 +253,97 @@ def test_the_checks_catch_what_they_are_for():
     assert not exists_in("release", "solutions/lab01_block_manager/solution.py")
     assert exists_in("source", "labs/lab01_block_manager/test_lab01_*.py")
     assert commands("LAB_IMPL=starter pagedlab grade 1   # points") == [["pagedlab", "grade", "1"]]
+
+
+# --- a release, run from its own README ------------------------------------------------------
+
+#: README commands the offline end-to-end run leaves out: they install (network), open a UI,
+#: or run every lab (minutes on 2 cores; `pagedlab release` itself grades every lab).
+NOT_RUN_OFFLINE = re.compile(r"^(pip|python3? -m venv|\.venv/bin/pip|source|\.|jupyter)\b"
+                             r"|^pagedlab (status|grade)$|^pytest labs/$")
+#: Exit codes of a run that ended in test failures only (pytest 1) or finished (0); anything
+#: else (2 interrupted, 3 internal error, 4 usage error, 5 nothing collected) is a broken doc.
+FAILED_OR_PASSED = {0, 1}
+
+
+@pytest.fixture(scope="module")
+def built_release(tmp_path_factory):
+    """A release of every lab (not verified in a venv: test_release.py does that)."""
+    from reference.grader.release import build_release
+
+    out = tmp_path_factory.mktemp("release") / "student"
+    _, problems = build_release(out, lab_names(), log=lambda *a: None)
+    assert not problems, "the release has problems:\n" + "\n".join(problems)
+    return out
+
+
+def offline_commands(text: str) -> list[str]:
+    """Returns the README commands (one per shell line, comment and ``VAR=x`` dropped) that the
+    offline run executes: ``pytest …`` and ``pagedlab …`` of one lab."""
+    out = []
+    for block in SHELL_BLOCK.finditer(text):
+        if WORKBOOK_ONLY in block.group(2):
+            continue
+        for line in block.group(2).splitlines():
+            words = shlex.split(line, comments=True)
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+                words.pop(0)
+            cmd = shlex.join(words)
+            if words and words[0] in ("pytest", "pagedlab") and not NOT_RUN_OFFLINE.search(cmd) \
+                    and "&&" not in words and words[:2] != ["pagedlab", "bench"]:
+                out.append(cmd)
+    return out
+
+
+def run_in_release(root: Path, cmd: str) -> subprocess.CompletedProcess:
+    """Runs a README command in a release the way the README's venv would: its own code first
+    on the path, ``LAB_IMPL`` unset (a release grades the starters by default)."""
+    import os
+
+    words = shlex.split(cmd)
+    prog = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"] if words[0] == "pytest" \
+        else [sys.executable, "-m", "reference.tools.cli"]
+    env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "PYTEST_ADDOPTS")}
+    env.update(PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([*prog, *words[1:]], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_release_runs_the_commands_its_readme_prints(built_release):
+    """Every `pytest …` and one-lab `pagedlab …` line of the student README and of Labs 1 and 3's
+    Run sections runs in a fresh release as printed: tests and notebook cells fail only with
+    their `TODO(labN.k)` (no collection error, no crash, no usage error) and the pagedlab
+    commands (grade, hint, show, doctor) finish and name the TODOs."""
+    readme = (built_release / "README.md").read_text()
+    cmds = offline_commands(readme)
+    for lab in ("lab01_block_manager", "lab03_paged_attention_oracle"):
+        cmds += offline_commands((built_release / "labs" / lab / "README.md").read_text())
+    assert any(c.startswith("pytest --nbval-lax") for c in cmds) and any(
+        c.startswith("pagedlab hint") for c in cmds), f"the README lost its commands: {cmds}"
+    problems = []
+    for cmd in dict.fromkeys(cmds):
+        proc = run_in_release(built_release, cmd)
+        out = proc.stdout + proc.stderr
+        bad = [w for w in ("ERROR collecting", "INTERNALERROR", "Traceback (most recent call last)",
+                           "NameError", "ModuleNotFoundError") if w in out and "nbval" not in cmd]
+        if proc.returncode not in FAILED_OR_PASSED or bad:
+            problems.append(f"{cmd}: exit {proc.returncode} {bad}\n{out[-1500:]}")
+        elif proc.returncode == 1 and "TODO(" not in out:
+            problems.append(f"{cmd}: failed without naming a TODO\n{out[-1500:]}")
+        elif "nbval" in cmd and "TODO(" not in out.split("Traceback:")[1 if "Traceback:" in out else 0]:
+            problems.append(f"{cmd}: the first failing notebook cell does not name its TODO\n"
+                            f"{out[-1500:]}")
+    assert not problems, ("commands the student README or a handout prints do not run as "
+                          "described in a fresh release:\n" + "\n\n".join(problems))
+    assert "# the reference solution" not in "\n".join(
+        (built_release / "labs" / lab / "README.md").read_text() for lab in lab_names()), \
+        "a handout's Run section says pytest runs the reference solution: a release has none"
+
+
+def test_offline_commands_keeps_one_lab_runs_and_drops_installs():
+    """The README filter runs pytest and one-lab pagedlab lines, not installs or all-lab runs."""
+    text = ("```bash\npython3 -m venv .venv\n.venv/bin/pip install -e '.[dev]'\npagedlab status\n"
+            "pytest labs/lab01_block_manager -q   # one lab\nLAB_IMPL=starter pagedlab grade 1\n"
+            "pagedlab grade\npytest labs/\npagedlab bench blocks\n```\n")
+    assert offline_commands(text) == ["pytest labs/lab01_block_manager -q", "pagedlab grade 1"]

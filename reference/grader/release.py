@@ -9,7 +9,8 @@ manifest (``.pagedlab-manifest.json``: hashes of every protected file and the te
 Each lab with mutant signatures gets ``labs/<lab>/_diagnosis.json`` (mistakes in words and the
 tests they fail, for ``grade``/``status`` feedback; protected like every ``_*`` helper).
 Its ``README.md`` is the student README (``templates/student_README.md``), not the instructors'
-one, and it holds no cache folders.
+one, and it holds no cache folders. Its ``reference/`` may resemble a TODO's solution only in the
+overlaps :mod:`reference.grader.answers` decides; any other is reported as a problem.
 
 Before writing it checks that every starter matches its solution's public API, signatures and
 docstrings (:mod:`reference.grader.parity`). After writing it verifies the release: a copy is installed
@@ -33,6 +34,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from reference.grader.answers import KNOWN_OVERLAPS, overlaps
 from reference.grader.classroom import render_workflow
 from reference.grader.diagnosis import DIAGNOSIS, student_diagnosis
 from reference.grader.manifest import (MANIFEST_NAME, SKIP_DIRS, build_manifest, digest, sha256_file,
@@ -224,6 +226,10 @@ def build_release(out: Path, labs: list[str], *, extra: dict[str, Path] | None =
     assert digest(manifest) == pinned
     write_manifest(out, manifest)
     problems += leaks(out, set(extra or {}))
+    # Trusted code close to a TODO's solution hands out the answer, unless decided (answers.py).
+    problems += [f"release {ref} is close ({ratio:.2f}) to the solution of TODO function {todo} "
+                 "(undecided overlap: see reference/grader/answers.py)"
+                 for ratio, ref, todo in overlaps(out) if (ref, todo) not in KNOWN_OVERLAPS]
     return manifest, problems
 
 

@@ -7,11 +7,12 @@ writes ``templates/student_README.md`` instead, filled in with the labs it holds
 
 from __future__ import annotations
 
+import re
 import string
-import sys
 from pathlib import Path
 
-from reference.tools.labinfo import lab_needs, lab_title
+from reference.paths import REPO_ROOT
+from reference.tools.labinfo import lab_needs_text, lab_title
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "student_README.md"
 
@@ -26,9 +27,17 @@ def lab_table(labs: list[str], lab_max: dict[str, float]) -> str:
     rows = []
     for lab in labs:
         number = int(lab[3:5])
-        rows.append(f"| [{number}](labs/{lab}/README.md) | {lab_title(lab)} | `[{lab_needs(lab)}]` "
+        rows.append(f"| [{number}](labs/{lab}/README.md) | {lab_title(lab)} | {lab_needs_text(lab)} "
                     f"| {lab_max.get(lab, 0):g} |")
     return "\n".join(rows)
+
+
+def python_range() -> str:
+    """Returns the Python versions the workbook installs on, from ``pyproject.toml``
+    (``requires-python = ">=3.10"`` -> ``"3.10 or newer"``)."""
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    match = re.search(r'^requires-python\s*=\s*">=\s*([0-9.]+)"', text, re.M)
+    return f"{match.group(1)} or newer" if match else "3.10 or newer"
 
 
 def render_student_readme(labs: list[str], lab_max: dict[str, float], torch_pin: str) -> str:
@@ -40,5 +49,5 @@ def render_student_readme(labs: list[str], lab_max: dict[str, float], torch_pin:
         torch_pin: the torch requirement the quickstart installs (``torch==2.x.y``).
     """
     return string.Template(TEMPLATE.read_text()).substitute(
-        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        python_range=python_range(),
         torch_pin=torch_pin, lab_table=lab_table(labs, lab_max))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownLabError as exc:
         print(f"pagedlab: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # NOTE: `pagedlab hint 1 | head` closes stdout early: not an error, and no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _bench(name: str, bench_args: list[str]) -> int:

@@ -1,0 +1,62 @@
+"""Infrastructure (no points): a release's trusted code hands out no TODO's answer beyond the
+overlaps the instructor README decides (reference/grader/answers.py)."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import pytest
+
+from reference.grader.answers import KNOWN_OVERLAPS, STATED_IN_HANDOUT, overlaps
+from reference.grader.release import is_released, source_files
+from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR, lab_names
+
+pytestmark = pytest.mark.skipif(not SOLUTIONS_DIR.is_dir(), reason="needs solutions/")
+
+
+@pytest.fixture(scope="module")
+def released_reference(tmp_path_factory):
+    """The ``reference/`` a release of every lab ships (copied as the builder selects it)."""
+    out = tmp_path_factory.mktemp("rel")
+    for rel in source_files():
+        if rel.startswith("reference/") and rel.endswith(".py") and is_released(rel, lab_names()):
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / rel, out / rel)
+    return out
+
+
+def test_release_reference_holds_no_answer_beyond_the_decided_overlaps(released_reference):
+    """Every function body of a release's reference/ that resembles the solution of a TODO
+    function (similarity >= the threshold) is one of the decided, documented overlaps."""
+    found = overlaps(released_reference)
+    unknown = [f"{r:.2f}  {ref} ~ {todo}" for r, ref, todo in found
+               if (ref, todo) not in KNOWN_OVERLAPS]
+    assert not unknown, (
+        "a release's reference/ holds code close to a TODO's solution — the student gets the "
+        "answer. Move it out of reference/, rewrite it so it is not that answer, or decide the "
+        "overlap in reference/grader/answers.py (KNOWN_OVERLAPS) and state it in the handout:\n"
+        + "\n".join(unknown))
+
+
+def test_each_decided_overlap_is_stated_in_its_handout():
+    """A lab whose TODO a shipped helper resembles says so in its handout, naming the file."""
+    labs = {todo.split(":")[0] for _, todo in KNOWN_OVERLAPS}
+    missing = [lab for lab in sorted(labs)
+               if STATED_IN_HANDOUT.get(lab, "\0") not in (LABS_DIR / lab / "README.md").read_text()]
+    assert not missing, f"handouts that do not state their overlap with reference/: {missing}"
+
+
+def test_a_planted_copy_of_a_solution_is_found(tmp_path):
+    """The detector works: Lab 3's paged_decode solution pasted (renamed) into reference/ is
+    reported, though it is in no decided overlap."""
+    import ast
+
+    solution = (SOLUTIONS_DIR / "lab03_paged_attention_oracle" / "solution.py").read_text()
+    func = next(n for n in ast.parse(solution).body
+                if isinstance(n, ast.FunctionDef) and n.name == "paged_decode_split_k")
+    func.name = "helper"
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "util.py").write_text(textwrap.dedent(ast.unparse(func)))
+    found = overlaps(tmp_path)
+    assert any(todo.endswith(":paged_decode_split_k") and r > 0.95 for r, _, todo in found), found
