@@ -76,3 +76,45 @@ def test_unstated_words_and_attributes_are_reported(tmp_path, monkeypatch):
     assert set(report.missing_match_words) == {"secret_word", "hidden_rule"}
     assert set(report.missing_attributes) == {"num_slots", "grow", "UNDEFINED_CONSTANT"}
     assert all(lab in line for line in report.problems())
+
+
+def test_given_modules_the_starter_imports_count_as_stated(tmp_path, monkeypatch):
+    """Docstrings and names of a lab's own ``_*.py`` module that the starter imports (given code
+    a student reads) state a contract; a test helper the starter does not import states
+    nothing."""
+    monkeypatch.setattr(contracts, "LABS_DIR", tmp_path)
+    lab = _lab(tmp_path, "# Lab 9\n", '''
+        """Lab 9."""
+        from labs.lab09_demo._given import PoolBase
+
+        class Pool(PoolBase):
+            """A pool."""
+    ''', '''
+        import pytest
+
+        def test_a(impl):
+            pool = impl.Pool()
+            with pytest.raises(ValueError, match="given_word"):
+                pool.grow(-1)
+            with pytest.raises(ValueError, match="helper_word"):
+                pool.shrink(-1)
+            assert pool.num_free_rows >= 0 and pool.num_slots >= 0
+    ''', helper='''
+        def check(pool):
+            """Mentions helper_word and num_slots, which a student is not told here."""
+    ''')
+    (tmp_path / lab / "_given.py").write_text(textwrap.dedent('''
+        """Given code: grow() refuses a negative size (the message names given_word)."""
+
+        class PoolBase:
+            num_free_rows: int
+
+            def grow(self, n):
+                """Grows the pool."""
+
+            def shrink(self, n):
+                """Shrinks the pool."""
+    '''))
+    report = check_lab_contract(lab)
+    assert set(report.missing_match_words) == {"helper_word"}
+    assert set(report.missing_attributes) == {"num_slots"}

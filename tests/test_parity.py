@@ -100,3 +100,30 @@ def test_paired_headers_must_be_identical(tmp_path):
                         {"a.cuh": (same, same), "b.cuh": (same, same + "// edited\n")})
     problems = check_lab(lab, sol)
     assert len(problems) == 1 and "b.cuh: header differs" in problems[0], problems
+
+
+def test_private_methods_and_given_bases(tmp_path):
+    """A private method both classes define keeps one signature; a class that inherits given
+    methods from a base kept once (``labs/<lab>/_*.py``) is in parity when both sides name the
+    same base, and reported when they do not."""
+    lab, sol = make_lab(tmp_path, """
+        from labs.lab99_x._given import PoolBase
+
+        class Pool(PoolBase):
+            def _copy(self, seq, new_block_id):
+                raise NotImplementedError("TODO(lab99.1)")
+    """, """
+        from labs.lab99_x._given import PoolBase
+
+        class Pool(PoolBase):
+            def _copy(self, seq, new_block_id, *, fast=False):
+                pass
+
+            def _only_here(self):
+                pass
+    """)
+    problems = check_lab(lab, sol)
+    assert len(problems) == 1 and "private helper Pool._copy differs" in problems[0], problems
+    lab, sol = make_lab(tmp_path / "b", "class Pool(PoolBase):\n    pass\n",
+                        "class Pool:\n    pass\n")
+    assert any("Pool signature differs" in p for p in check_lab(lab, sol))

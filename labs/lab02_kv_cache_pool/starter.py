@@ -20,31 +20,35 @@ The device tensors are written, never read back, so no call waits for the GPU �
 ``write_kv``'s bounds check, which reads two numbers back (documented there).
 
 Your tasks are marked ``TODO(lab2.k)``; ``LAB_IMPL=starter pagedlab grade 2`` lists the ones left.
-The queries and the private helpers at the bottom (argument checks, ``_write_row``) are given.
+What is given lives once in ``_pool.py`` (protected, imported below; read it): the host record
+``_Sequence``, the argument checks (``_check_seq_id``, ``_check_dtype``, ``_check_device``,
+``_check_block_manager``, ``_check_tensor``) and ``KVCachePoolBase``, which ``KVCachePool``
+subclasses — the queries (``num_free_blocks``, ``get_row``, ``get_block_table``, ...) and the
+private checks your methods call before they change anything (``_get``, ``_check_length``,
+``_check_free_blocks``, ``_check_private_tail``, ``_check_slots_private``, ...).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from labs.lab02_kv_cache_pool._pool import (  # noqa: F401  (SUPPORTED_DTYPES: re-exported)
+    SUPPORTED_DTYPES,
+    KVCachePoolBase,
+    _check_block_manager,
+    _check_device,
+    _check_dtype,
+    _check_seq_id,
+    _check_tensor,
+    _Sequence,
+)
 from reference.block_allocator import TrustedBlockAllocator
 from reference.checks import check_int, check_sequence
-from reference.errors import (
-    DeviceMismatchError,
-    DuplicateSequenceError,
-    OutOfBlocksError,
-    SequenceTooLongError,
-    TooManySequencesError,
-    UnknownSequenceError,
-)
+from reference.errors import DuplicateSequenceError
 from reference.layout import PAD_BLOCK_ID, num_blocks_for
-
-#: Cache dtypes the pool accepts (the kernels of Labs 4–5 handle these three).
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def kv_cache_bytes_per_block(block_size: int, num_kv_heads: int, head_size: int,
@@ -131,16 +135,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     raise NotImplementedError("TODO(lab2.5): reshape_and_cache — one scatter per cache")
 
 
-@dataclass
-class _Sequence:
-    """Host shadow of one live sequence (the source of truth for every decision)."""
-
-    row: int  # its row in block_tables / context_lens
-    block_ids: list[int]  # physical blocks in logical order
-    num_tokens: int  # tokens with a slot (== context_lens[row])
-
-
-class KVCachePool:
+class KVCachePool(KVCachePoolBase):
     """One layer's paged KV cache, its block tables, and the life cycle of its sequences.
 
     Attributes:
@@ -151,6 +146,14 @@ class KVCachePool:
         block_manager: hands out block ids and counts references (Lab 1's interface).
         max_blocks_per_seq: ``ceil(max_model_len / block_size)`` — the table's width.
         device: the concrete device of every tensor above (e.g. ``cuda:0``).
+
+    Given, inherited from ``KVCachePoolBase`` (``labs/lab02_kv_cache_pool/_pool.py``): the
+    queries ``num_free_blocks``, ``num_free_rows``, ``seq_ids``, ``seq_id in pool``,
+    ``get_row``, ``get_block_table``, ``get_context_len``, and the private checks and helpers
+    the methods below call (``_get``, ``_check_length``, ``_check_free_row``,
+    ``_check_free_blocks``, ``_check_private_tail``, ``_check_slot_mapping``,
+    ``_check_not_aliased``, ``_check_slots_private``, ``_last_block_is_shared_and_partial``,
+    ``_write_row``).
     """
 
     def __init__(
@@ -216,57 +219,9 @@ class KVCachePool:
         Returns:
             A pool with the default block manager.
         """
-        num_blocks = num_blocks_from_budget(budget_bytes, block_size, num_kv_heads, head_size,
-                                            dtype)
-        return cls(num_blocks, block_size, num_kv_heads, head_size, max_num_seqs=max_num_seqs,
-                   max_model_len=max_model_len, dtype=dtype, device=device)
-
-    # ---------------------------------------------------------------- queries
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks no sequence holds."""
-        return self.block_manager.num_free_blocks
-
-    @property
-    def num_free_rows(self) -> int:
-        """Block-table rows no sequence holds (``max_num_seqs`` minus live sequences)."""
-        return len(self._free_rows)
-
-    @property
-    def seq_ids(self) -> list[int]:
-        """Live sequence ids, in the order they were added or forked."""
-        return list(self._seqs)
-
-    def __contains__(self, seq_id: object) -> bool:
-        try:
-            return seq_id in self._seqs
-        except TypeError:  # unhashable: certainly not a live id
-            return False
-
-    def get_row(self, seq_id: int) -> int:
-        """Returns the ``block_tables`` / ``context_lens`` row of a live sequence.
-
-        Raises:
-            UnknownSequenceError: no live sequence has ``seq_id``.
-        """
-        return self._get(seq_id).row
-
-    def get_block_table(self, seq_id: int) -> list[int]:
-        """Returns a copy of a live sequence's physical block ids, in logical order.
-
-        Raises:
-            UnknownSequenceError: no live sequence has ``seq_id``.
-        """
-        return list(self._get(seq_id).block_ids)
-
-    def get_context_len(self, seq_id: int) -> int:
-        """Returns how many tokens a live sequence holds slots for.
-
-        Raises:
-            UnknownSequenceError: no live sequence has ``seq_id``.
-        """
-        return self._get(seq_id).num_tokens
+        # TODO(lab2.1): num_blocks_from_budget gives the block count; build the pool with cls(...)
+        # (a subclass gets a subclass), passing every other argument on unchanged.
+        raise NotImplementedError("TODO(lab2.1): KVCachePool.from_memory_budget — blocks, then cls")
 
     # ------------------------------------------------------------ life cycle
 
@@ -434,12 +389,6 @@ class KVCachePool:
 
     # ----------------------------------------------------- copy-on-write
 
-    def _last_block_is_shared_and_partial(self, seq: _Sequence) -> bool:
-        """True when the next token would land in a block other sequences also hold."""
-        if seq.num_tokens % self.block_size == 0:
-            return False  # the last block is full (or absent): the next token opens a new one
-        return self.block_manager.get_ref_count(seq.block_ids[-1]) > 1
-
     def _copy_on_write(self, seq: _Sequence, new_block_id: int) -> None:
         """Replaces ``seq``'s shared last block by a private copy in ``new_block_id``.
 
@@ -450,133 +399,3 @@ class KVCachePool:
         # TODO(lab2.6): copy K and V of the old last block into new_block_id, swap it into the host
         # list and the device table row, then free() one reference to the old block.
         raise NotImplementedError("TODO(lab2.6): _copy_on_write — private copy")
-
-    # ------------------------------------------------------------ helpers
-
-    def _get(self, seq_id: object, name: str = "seq_id") -> _Sequence:
-        seq = self._seqs.get(_check_seq_id(name, seq_id))
-        if seq is None:
-            raise UnknownSequenceError(f"{name}={seq_id} is not a live sequence")
-        return seq
-
-    def _check_length(self, op: str, seq_id: int, num_tokens: int) -> None:
-        if num_tokens > self.max_model_len:
-            raise SequenceTooLongError(
-                f"{op}(seq_id={seq_id}): {num_tokens} tokens > max_model_len={self.max_model_len} "
-                f"(max_blocks_per_seq={self.max_blocks_per_seq} × block_size={self.block_size})"
-            )
-
-    def _check_free_row(self, op: str, seq_id: int) -> None:
-        if not self._free_rows:
-            raise TooManySequencesError(
-                f"{op}(seq_id={seq_id}): all max_num_seqs={self.max_num_seqs} rows are in use"
-            )
-
-    def _check_free_blocks(self, call: str, num_needed: int) -> None:
-        free = self.block_manager.num_free_blocks
-        if num_needed > free:
-            raise OutOfBlocksError(f"{call} needs {num_needed} blocks, only {free} are free")
-
-    def _check_private_tail(self, seq_id: int, seq: _Sequence, num_new: int) -> None:
-        """Refuses new tokens that would land in a block another sequence holds."""
-        if num_new == 0:
-            return
-        first = (seq.num_tokens - num_new) // self.block_size
-        last = (seq.num_tokens - 1) // self.block_size
-        for block_id in seq.block_ids[first : last + 1]:
-            refs = self.block_manager.get_ref_count(block_id)
-            if refs > 1:
-                raise ValueError(
-                    f"seq_id={seq_id}: its last {num_new} tokens would be written into block "
-                    f"{block_id}, shared by {refs} sequences; only tokens reserved by "
-                    f"add_sequence/append_tokens (which copy a shared block first) may be written"
-                )
-
-    def _check_slot_mapping(self, slot_mapping: object) -> int:
-        _check_tensor("slot_mapping", slot_mapping, self.device)
-        if slot_mapping.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
-        if slot_mapping.dim() != 1:
-            raise ValueError(f"slot_mapping must be 1-D [num_tokens], got shape "
-                             f"{list(slot_mapping.shape)}")
-        return slot_mapping.shape[0]
-
-    def _check_not_aliased(self, name: str, t: torch.Tensor) -> None:
-        """Refuses new K/V that shares memory with a cache: writing one cache would change it."""
-        for cache_name, cache in (("key_cache", self.key_cache), ("value_cache", self.value_cache)):
-            if t.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr():
-                raise ValueError(f"{name} shares memory with the pool's {cache_name}; pass a copy "
-                                 f"(.clone()) — the write would change it half-way")
-
-    def _check_slots_private(self, slots: list[int]) -> None:
-        """Refuses a slot listed twice, and slots in a block that is free or shared.
-
-        Args:
-            slots: in-range slots, on the host.  # [num_tokens]
-        """
-        if len(set(slots)) != len(slots):
-            seen: set[int] = set()
-            dup = next(s for s in slots if s in seen or seen.add(s))
-            raise ValueError(f"slot_mapping lists slot {dup} twice: two tokens would race for "
-                             f"one slot, and which one lands is undefined")
-        for block_id in sorted({s // self.block_size for s in slots}):
-            refs = self.block_manager.get_ref_count(block_id)
-            if refs != 1:
-                state = "free" if refs == 0 else f"shared by {refs} sequences"
-                raise ValueError(
-                    f"slot_mapping has a slot in block {block_id}, which is {state}: write_kv "
-                    f"writes only into blocks one sequence holds (use slot_mapping(), after "
-                    f"add_sequence/append_tokens, which copy a shared block first)")
-
-    def _write_row(self, row: int, start: int, block_ids: list[int]) -> None:
-        """Writes ``block_ids`` into ``block_tables[row, start:]`` (host to device, no sync)."""
-        if block_ids:
-            values = torch.tensor(block_ids, dtype=torch.int32, device=self.device)
-            self.block_tables[row, start : start + len(block_ids)] = values
-
-
-def _check_seq_id(name: str, seq_id: object) -> int:
-    return check_int(name, seq_id)
-
-
-def _check_dtype(dtype: object) -> torch.dtype:
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {dtype!r}")
-    return dtype
-
-
-def _check_device(device: object) -> torch.device:
-    try:
-        device = torch.device(device)
-        torch.empty(0, device=device)  # is it usable here? (cuda without a GPU is not)
-    except (RuntimeError, TypeError, AssertionError) as exc:
-        raise ValueError(f"device={device!r} is not a usable torch device: {exc}") from None
-    return device
-
-
-#: What the pool calls on its block manager (Lab 1's interface).
-_BLOCK_MANAGER_API = ("allocate_n", "free", "free_blocks", "increase_ref_count", "get_ref_count",
-                      "num_free_blocks", "num_blocks")
-
-
-def _check_block_manager(block_manager: object, num_blocks: int) -> None:
-    """Refuses a block manager without Lab 1's interface, or not managing ``num_blocks`` free
-    blocks."""
-    missing = [a for a in _BLOCK_MANAGER_API if not hasattr(block_manager, a)]
-    if missing:
-        raise TypeError(f"block_manager must have Lab 1's interface; "
-                        f"{type(block_manager).__name__} lacks {missing}")
-    if (block_manager.num_blocks != num_blocks
-            or block_manager.num_free_blocks != num_blocks):
-        raise ValueError(
-            f"block_manager must manage exactly num_blocks={num_blocks} blocks, all free; got "
-            f"num_blocks={block_manager.num_blocks}, "
-            f"num_free_blocks={block_manager.num_free_blocks}"
-        )
-
-
-def _check_tensor(name: str, t: object, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise DeviceMismatchError(f"{name} is on {t.device}, the pool is on {device}")

@@ -15,7 +15,9 @@ a lab's tests and helpers (``labs/<lab>/test_*.py``, ``_*.py``, ``conftest.py``)
 
 and reports each word not found (as a whole word) in the lab's handout or in its starter's
 docstrings. Names the starter itself defines or imports (functions, classes, methods, annotated
-fields, ``self.x = ...`` in given code) count as stated. Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
+fields, ``self.x = ...`` in given code) count as stated. So do the docstrings and names of the
+lab's given modules the starter imports (``from labs.<lab>._pool import ...``): a student reads
+them like the starter. Test helpers (``_state.py``) the starter does not import do not count. Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
 and are skipped.
 """
 
@@ -238,8 +240,27 @@ def _tainted_names(trees: dict[str, ast.Module]) -> set[str]:
     return tainted
 
 
+def given_modules(lab: str, tree: ast.Module) -> list[Path]:
+    """Returns the lab's own private modules (``labs/<lab>/_x.py``) a starter imports.
+
+    Args:
+        lab: lab folder name.
+        tree: the parsed starter.
+    """
+    folder = LABS_DIR / lab
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            if len(parts) == 3 and parts[:2] == ["labs", lab] and parts[2].startswith("_"):
+                path = folder / f"{parts[2]}.py"
+                if path.is_file() and path not in out:
+                    out.append(path)
+    return out
+
+
 def stated_text(lab: str) -> tuple[str, set[str]]:
-    """Returns (handout + starter docstrings, names the starter defines)."""
+    """Returns (handout + docstrings of the starter and its given modules, names they define)."""
     folder = LABS_DIR / lab
     parts = []
     handout = folder / "README.md"
@@ -247,8 +268,11 @@ def stated_text(lab: str) -> tuple[str, set[str]]:
         parts.append(handout.read_text())
     defined: set[str] = set()
     starter = folder / "starter.py"
+    trees = []
     if starter.is_file():
-        tree = ast.parse(starter.read_text())
+        trees.append(ast.parse(starter.read_text()))
+        trees += [ast.parse(p.read_text()) for p in given_modules(lab, trees[0])]
+    for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)

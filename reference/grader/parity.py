@@ -9,13 +9,16 @@ both have.
 
 Beyond the public API it also holds what the two files keep in pairs, since nothing else checks
 that such copies agree: every module-level constant both define (same value expression; a
-public one missing on one side is reported too), every private helper function both define
-(same signature — its body is the solution's business), and every ``.cuh`` header present in
-both folders (identical text: a header is given code, and a lab keeps it once in ``labs/<lab>/``
+public one missing on one side is reported too), every private helper function or private
+method both define (same signature — its body is the solution's business), and every ``.cuh``
+header present in both folders (identical text: a header is given code, and a lab keeps it once in ``labs/<lab>/``
 when it can).
 
 Read from source with :mod:`ast` (nothing is imported), so a starter that cannot run yet is
 still checked. Private names (``_x``) may exist on one side only; dunder methods are public.
+Given code a class inherits (Lab 2's ``KVCachePool(KVCachePoolBase)``, the base kept once in a
+protected ``labs/<lab>/_*.py``) is in neither file, so it cannot drift; the class line, bases
+included, must match.
 """
 
 from __future__ import annotations
@@ -104,13 +107,21 @@ def module_constants(source: str) -> dict[str, str]:
 
 
 def private_helpers(source: str) -> dict[str, str]:
-    """Returns a module's top-level private functions (``_x``, not dunders): name -> signature.
+    """Returns a module's private functions and its classes' private methods (``_x``, not
+    dunders): name (``Class._x`` for a method) -> signature.
 
     Args:
         source: Python source text.
     """
-    return {node.name: _func_sig(node) for node in ast.parse(source).body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _public(node.name)}
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _public(node.name):
+            out[node.name] = _func_sig(node)
+        elif isinstance(node, ast.ClassDef):
+            out |= {f"{node.name}.{item.name}": _func_sig(item) for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and not _public(item.name)}
+    return out
 
 
 def _compare_pairs(where: str, what: str, got: dict[str, str], want: dict[str, str],

@@ -1,6 +1,6 @@
 """Bad-input fuzz of the validation students are *given*: ``reference/checks.py``, Lab 3's
-``_checks.py``, and the given helpers and functions of the Lab 2 and Lab 3 *starters* (the code
-a student calls but does not write). Same contract: a documented error naming the argument;
+``_checks.py``, Lab 2's ``_pool.py``, and the given functions of the Lab 3 starter (the code a
+student calls but does not write). Same contract: a documented error naming the argument;
 integer-like scalars become Python ints; nothing else is coerced."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import reference.checks as rc
 from _fuzz_harness import NON_INTEGERS, accepted, fuzz_settings, integer_like, refused
+from labs.lab02_kv_cache_pool import _pool as lab2_pool
 from labs.lab03_paged_attention_oracle import _checks as lab3_checks
 from reference.loader import load_impl
 
@@ -86,23 +87,22 @@ def test_lab3_state_checks_name_their_argument(data):
 
 @fuzz_settings(0.5)
 @given(data=st.data())
-def test_lab2_starter_given_helpers(data):
-    starter = load_impl("lab02_kv_cache_pool", "starter")
+def test_lab2_given_helpers(data):
     cases = [
-        (lambda: starter._check_device(data.draw(st.sampled_from(
+        (lambda: lab2_pool._check_device(data.draw(st.sampled_from(
             ["nope", 3.5, None, "cuda:99" if torch.cuda.is_available() else "cuda"]))),
          ("device",)),
-        (lambda: starter._check_block_manager(data.draw(st.sampled_from(
+        (lambda: lab2_pool._check_block_manager(data.draw(st.sampled_from(
             [object(), 5, "bm", None])), 4), ("block_manager",)),
-        (lambda: starter._check_dtype(data.draw(st.sampled_from(
+        (lambda: lab2_pool._check_dtype(data.draw(st.sampled_from(
             [np.float16, "float16", torch.int32, None]))), ("dtype",)),
-        (lambda: starter._check_tensor("key", data.draw(st.sampled_from(
+        (lambda: lab2_pool._check_tensor("key", data.draw(st.sampled_from(
             [None, np.zeros(2), [1.0]])), torch.device("cpu")), ("key",)),
-        (lambda: starter._check_tensor("value", torch.zeros(2, device="meta"),
+        (lambda: lab2_pool._check_tensor("value", torch.zeros(2, device="meta"),
                                        torch.device("cpu")), ("value",)),
     ]
     call, names = data.draw(st.sampled_from(cases))
-    refused(call, names=names, what="a Lab 2 starter helper")
+    refused(call, names=names, what="a Lab 2 given helper")
 
 
 @fuzz_settings(0.5)
