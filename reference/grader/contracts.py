@@ -15,7 +15,9 @@ a lab's tests and helpers (``labs/<lab>/test_*.py``, ``_*.py``, ``conftest.py``)
 
 and reports each word not found (as a whole word) in the lab's handout or in its starter's
 docstrings. Names the starter itself defines or imports (functions, classes, methods, annotated
-fields, ``self.x = ...`` in given code) count as stated. Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
+fields, ``self.x = ...`` in given code) count as stated, and so do the docstrings and names of
+the lab's given ``_*.py`` modules the starter imports from (given code kept once, out of the
+starter, is still in a student's view). Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
 and are skipped.
 """
 
@@ -238,8 +240,51 @@ def _tainted_names(trees: dict[str, ast.Module]) -> set[str]:
     return tainted
 
 
+def _given_modules(folder: Path, tree: ast.Module) -> list[Path]:
+    """Returns the lab's protected ``_*.py`` modules that the starter imports from.
+
+    Given code moved out of the starter (base classes, helpers kept once for starter and
+    solution) is still what a student reads: its docstrings and the names it defines count.
+    """
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            last = node.module.split(".")[-1]
+            path = folder / f"{last}.py"
+            inside = node.level > 0 or node.module == f"labs.{folder.name}.{last}"
+            if last.startswith("_") and inside and path.is_file() and path not in found:
+                found.append(path)
+    return found
+
+
+def _collect(tree: ast.Module, parts: list[str], defined: set[str]) -> None:
+    """Adds a module's docstrings to ``parts`` and the names it defines to ``defined``."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                parts.append(doc)
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            defined |= {a.asname or a.name for a in node.names}
+        # Attributes the given code sets (``self.hash_to_block = {}``) are in plain view.
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.attr for t in targets if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name) and t.value.id == "self"}
+
+
 def stated_text(lab: str) -> tuple[str, set[str]]:
-    """Returns (handout + starter docstrings, names the starter defines)."""
+    """Returns (handout + starter docstrings, names the starter defines).
+
+    The starter's side includes the given ``_*.py`` modules of the lab that it imports from
+    (see :func:`_given_modules`), since a student reads those too.
+    """
     folder = LABS_DIR / lab
     parts = []
     handout = folder / "README.md"
@@ -249,24 +294,9 @@ def stated_text(lab: str) -> tuple[str, set[str]]:
     starter = folder / "starter.py"
     if starter.is_file():
         tree = ast.parse(starter.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc:
-                    parts.append(doc)
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                defined.add(node.name)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                defined.add(node.target.id)
-            elif isinstance(node, ast.Assign):
-                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.ImportFrom):
-                defined |= {a.asname or a.name for a in node.names}
-            # Attributes the given starter code sets (``self.hash_to_block = {}``) are in plain view.
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                defined |= {t.attr for t in targets if isinstance(t, ast.Attribute)
-                            and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        _collect(tree, parts, defined)
+        for given in _given_modules(folder, tree):
+            _collect(ast.parse(given.read_text()), parts, defined)
     return "\n".join(parts), defined
 
 
