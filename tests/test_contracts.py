@@ -79,6 +79,44 @@ def test_unstated_words_and_attributes_are_reported(tmp_path, monkeypatch):
 
 
 def test_given_modules_the_starter_imports_count_as_stated(tmp_path, monkeypatch):
+    """Given code kept once in a protected ``_*.py`` module (a base class the starter subclasses)
+    states what it sets and documents, exactly as if it sat in the starter; a ``_*.py`` the
+    starter does not import (a test helper) states nothing."""
+    monkeypatch.setattr(contracts, "LABS_DIR", tmp_path)
+    lab = _lab(tmp_path, "# Lab 9\n", '''
+        """Lab 9."""
+        from labs.lab09_demo._base import PoolBase
+
+        class Pool(PoolBase):
+            """A pool."""
+    ''', '''
+        import pytest
+
+        def test_a(impl):
+            pool = impl.Pool()
+            assert pool.num_blocks > pool.peak_num_used_blocks
+            with pytest.raises(ValueError, match="budget"):
+                pool.grow(1)
+            assert pool.helper_only_word
+    ''', helper='''
+        """Test helper: mentions helper_only_word."""
+    ''')
+    (tmp_path / lab / "_base.py").write_text(textwrap.dedent('''
+        """Given: the pool's constructor. Errors name the budget."""
+        class PoolBase:
+            def __init__(self):
+                self.num_blocks = 4
+                self.peak_num_used_blocks = 0
+
+            def grow(self, n):
+                """Grows the pool."""
+    '''))
+    report = check_lab_contract(lab)
+    assert set(report.missing_match_words) == set()
+    assert set(report.missing_attributes) == {"helper_only_word"}
+
+
+def test_a_test_helper_the_starter_does_not_import_states_nothing(tmp_path, monkeypatch):
     """Docstrings and names of a lab's own ``_*.py`` module that the starter imports (given code
     a student reads) state a contract; a test helper the starter does not import states
     nothing."""

@@ -127,3 +127,27 @@ def test_private_methods_and_given_bases(tmp_path):
     lab, sol = make_lab(tmp_path / "b", "class Pool(PoolBase):\n    pass\n",
                         "class Pool:\n    pass\n")
     assert any("Pool signature differs" in p for p in check_lab(lab, sol))
+
+
+def test_given_code_reexported_by_both_files_is_paired_by_origin(tmp_path):
+    """A given function kept once and re-exported by both files is in parity when both import it
+    from the same module; imported from two places, or imported on one side and defined on the
+    other, it is reported (the second with a hint that given code is imported by both)."""
+    lab, sol = make_lab(tmp_path, """
+        from labs.lab99_x._numerics import round_to
+        from labs.lab99_x._numerics import helper
+        from labs.lab99_x._numerics import scale
+    """, """
+        from labs.lab99_x._numerics import round_to
+        from labs.lab99_x._other import helper
+
+        def scale(x):
+            return x
+    """)
+    problems = check_lab(lab, sol)
+    assert len(problems) == 2, problems
+    text = "\n".join(problems)
+    assert "helper is imported from different places" in text
+    assert ("function scale is in the solution but not the starter (the starter imports it from "
+            "labs.lab99_x._numerics") in text
+    assert "round_to" not in text

@@ -36,7 +36,9 @@ query that sees no key).
 
 Your tasks are marked ``TODO(lab3.k)``; ``LAB_IMPL=starter pagedlab grade 3`` lists the ones left.
 The argument checks in ``_checks.py`` are given: call them first, so bad input is refused with a
-typed error before anything is computed.
+typed error before anything is computed. ``_numerics.py`` gives two numerics helpers you call:
+``_data_neg_inf_to_nan`` (every score, before masking) and ``round_to`` (Task 5's fp16/bf16
+rounding, which the tests also call as this module's ``round_to``).
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ from labs.lab03_paged_attention_oracle._checks import (  # noqa: F401  (you will
     check_state,
     check_values_array,
 )
+from labs.lab03_paged_attention_oracle._numerics import (  # given: see _numerics.py
+    LOW_PRECISION_DTYPES,
+    _data_neg_inf_to_nan,
+    round_to,
+)
 from reference.layout import num_blocks_for  # noqa: F401  (ceil(num_tokens / block_size))
-
-LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,15 +158,6 @@ def empty_state(lead_shape, head_size: int, dtype=np.float64):
     dtype = check_float_dtype(dtype)
     # TODO(lab3.2): m = -inf, l = 0, acc = 0 in the given dtype.
     raise NotImplementedError("TODO(lab3.2): empty_state — (m, l, acc) = (-inf, 0, 0)")
-
-
-def _data_neg_inf_to_nan(scores):
-    """Returns ``scores`` with every -inf made NaN, *before* any mask is applied.
-
-    NOTE: -inf means "masked key" to the recurrence. A -inf computed from data (an infinite key)
-    would be silently dropped like a masked key; as NaN it propagates, as the contract says.
-    """
-    return np.where(np.isneginf(scores), np.nan, scores)
 
 
 def online_softmax_update(m, l, acc, scores, values):
@@ -430,37 +426,9 @@ def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_le
 
 
 # --------------------------------------------------------------------------------------------
-# Task 5: numerics — half-precision storage, fp32 arithmetic (round_to is given).
+# Task 5: numerics — half-precision storage, fp32 arithmetic (round_to is given, in
+# _numerics.py).
 # --------------------------------------------------------------------------------------------
-def round_to(x, dtype: str):
-    """Rounds to the nearest ``dtype`` value (round-to-nearest-even), returned as float32.
-
-    NumPy has float16 but no bfloat16, so both are returned as float32 arrays holding exactly
-    representable values — what a kernel sees after loading fp16/bf16 data into fp32 registers.
-    NaN stays NaN.
-
-    Args:
-        x: array of floats.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-
-    Returns:
-        float32 array of the same shape.
-
-    Raises:
-        ValueError: ``dtype`` is not one of the two.
-        TypeError: ``x`` is not an array of real numbers.
-    """
-    if dtype not in LOW_PRECISION_DTYPES:
-        raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
-    with np.errstate(over="ignore"):  # beyond float32's range is inf, as a cast on a GPU
-        x32 = check_values_array("x", x).astype(np.float32)
-    if dtype == "float16":
-        return x32.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        bits = x32.view(np.uint32).astype(np.uint64)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # keep the top 16 bits, RNE
-        out = rounded.astype(np.uint32).view(np.float32)
-        return np.where(np.isnan(x32), np.float32(np.nan), out)
 
 
 def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens, scale: float,

@@ -15,9 +15,9 @@ a lab's tests and helpers (``labs/<lab>/test_*.py``, ``_*.py``, ``conftest.py``)
 
 and reports each word not found (as a whole word) in the lab's handout or in its starter's
 docstrings. Names the starter itself defines or imports (functions, classes, methods, annotated
-fields, ``self.x = ...`` in given code) count as stated. So do the docstrings and names of the
-lab's given modules the starter imports (``from labs.<lab>._pool import ...``): a student reads
-them like the starter. Test helpers (``_state.py``) the starter does not import do not count. Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
+fields, ``self.x = ...`` in given code) count as stated, and so do the docstrings and names of
+the lab's given ``_*.py`` modules the starter imports from (given code kept once, out of the
+starter, is still in a student's view). Attributes every array or tensor has (``shape``, ``dtype``...) are not the lab's contract
 and are skipped.
 """
 
@@ -240,27 +240,51 @@ def _tainted_names(trees: dict[str, ast.Module]) -> set[str]:
     return tainted
 
 
-def given_modules(lab: str, tree: ast.Module) -> list[Path]:
-    """Returns the lab's own private modules (``labs/<lab>/_x.py``) a starter imports.
+def _given_modules(folder: Path, tree: ast.Module) -> list[Path]:
+    """Returns the lab's protected ``_*.py`` modules that the starter imports from.
 
-    Args:
-        lab: lab folder name.
-        tree: the parsed starter.
+    Given code moved out of the starter (base classes, helpers kept once for starter and
+    solution) is still what a student reads: its docstrings and the names it defines count.
     """
-    folder = LABS_DIR / lab
-    out = []
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            parts = node.module.split(".")
-            if len(parts) == 3 and parts[:2] == ["labs", lab] and parts[2].startswith("_"):
-                path = folder / f"{parts[2]}.py"
-                if path.is_file() and path not in out:
-                    out.append(path)
-    return out
+            last = node.module.split(".")[-1]
+            path = folder / f"{last}.py"
+            inside = node.level > 0 or node.module == f"labs.{folder.name}.{last}"
+            if last.startswith("_") and inside and path.is_file() and path not in found:
+                found.append(path)
+    return found
+
+
+def _collect(tree: ast.Module, parts: list[str], defined: set[str]) -> None:
+    """Adds a module's docstrings to ``parts`` and the names it defines to ``defined``."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                parts.append(doc)
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            defined |= {a.asname or a.name for a in node.names}
+        # Attributes the given code sets (``self.hash_to_block = {}``) are in plain view.
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.attr for t in targets if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name) and t.value.id == "self"}
 
 
 def stated_text(lab: str) -> tuple[str, set[str]]:
-    """Returns (handout + docstrings of the starter and its given modules, names they define)."""
+    """Returns (handout + starter docstrings, names the starter defines).
+
+    The starter's side includes the given ``_*.py`` modules of the lab that it imports from
+    (see :func:`_given_modules`), since a student reads those too.
+    """
     folder = LABS_DIR / lab
     parts = []
     handout = folder / "README.md"
@@ -268,29 +292,11 @@ def stated_text(lab: str) -> tuple[str, set[str]]:
         parts.append(handout.read_text())
     defined: set[str] = set()
     starter = folder / "starter.py"
-    trees = []
     if starter.is_file():
-        trees.append(ast.parse(starter.read_text()))
-        trees += [ast.parse(p.read_text()) for p in given_modules(lab, trees[0])]
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc:
-                    parts.append(doc)
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                defined.add(node.name)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                defined.add(node.target.id)
-            elif isinstance(node, ast.Assign):
-                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.ImportFrom):
-                defined |= {a.asname or a.name for a in node.names}
-            # Attributes the given starter code sets (``self.hash_to_block = {}``) are in plain view.
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                defined |= {t.attr for t in targets if isinstance(t, ast.Attribute)
-                            and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        tree = ast.parse(starter.read_text())
+        _collect(tree, parts, defined)
+        for given in _given_modules(folder, tree):
+            _collect(ast.parse(given.read_text()), parts, defined)
     return "\n".join(parts), defined
 
 

@@ -14,6 +14,9 @@ method both define (same signature — its body is the solution's business), and
 header present in both folders (identical text: a header is given code, and a lab keeps it once in ``labs/<lab>/``
 when it can).
 
+A public name both files import from the workbook's code (``labs.*``, ``reference.*``) —
+given code kept once and re-exported — must come from the same place on both sides.
+
 Read from source with :mod:`ast` (nothing is imported), so a starter that cannot run yet is
 still checked. Private names (``_x``) may exist on one side only; dunder methods are public.
 Given code a class inherits (Lab 2's ``KVCachePool(KVCachePoolBase)``, the base kept once in a
@@ -124,6 +127,27 @@ def private_helpers(source: str) -> dict[str, str]:
     return out
 
 
+def given_imports(source: str) -> dict[str, str]:
+    """Returns the public names a module imports from the workbook's own code: name -> origin.
+
+    A given function kept once (``labs/<lab>/_numerics.py``) and re-exported by both files as
+    ``from labs.<lab>._numerics import round_to`` is the same object on both sides, so it is
+    paired by where it comes from, not by an AST it does not have here.
+
+    Args:
+        source: Python source text.
+    """
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
+                "labs", "reference"):
+            for alias in node.names:
+                name = alias.asname or alias.name
+                if _public(name):
+                    out[name] = f"{node.module}.{alias.name}"
+    return out
+
+
 def _compare_pairs(where: str, what: str, got: dict[str, str], want: dict[str, str],
                    *, require_public: bool) -> list[str]:
     problems = []
@@ -150,12 +174,24 @@ def compare_python(starter: Path, solution: Path) -> list[str]:
         One human-readable line per difference (empty when they match).
     """
     got, want = public_api(starter.read_text()), public_api(solution.read_text())
+    got_given, want_given = given_imports(starter.read_text()), given_imports(solution.read_text())
     problems = []
     where = f"{starter.parent.name}/{starter.name}"
+
+    def imported(name: str, given: dict[str, str], side: str) -> str:
+        return (f" (the {side} imports it from {given[name].rsplit('.', 1)[0]}: given code is "
+                f"imported by both files or defined by both)" if name in given else "")
+
     for name in sorted(set(want) - set(got)):
-        problems.append(f"{where}: {want[name].kind} {name} is in the solution but not the starter")
+        problems.append(f"{where}: {want[name].kind} {name} is in the solution but not the starter"
+                        + imported(name, got_given, "starter"))
     for name in sorted(set(got) - set(want)):
-        problems.append(f"{where}: {got[name].kind} {name} is in the starter but not the solution")
+        problems.append(f"{where}: {got[name].kind} {name} is in the starter but not the solution"
+                        + imported(name, want_given, "solution"))
+    for name in sorted(set(got_given) & set(want_given)):
+        if got_given[name] != want_given[name]:
+            problems.append(f"{where}: {name} is imported from different places:\n    starter:  "
+                            f"{got_given[name]}\n    solution: {want_given[name]}")
     for name in sorted(set(got) & set(want)):
         a, b = got[name], want[name]
         if a.signature != b.signature:

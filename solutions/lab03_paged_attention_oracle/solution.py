@@ -58,9 +58,12 @@ from labs.lab03_paged_attention_oracle._checks import (
     check_state,
     check_values_array,
 )
+from labs.lab03_paged_attention_oracle._numerics import (  # given: see _numerics.py
+    LOW_PRECISION_DTYPES,
+    _data_neg_inf_to_nan,
+    round_to,
+)
 from reference.layout import num_blocks_for
-
-LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,15 +171,6 @@ def empty_state(lead_shape, head_size: int, dtype=np.float64):
     dtype = check_float_dtype(dtype)
     return (np.full(lead_shape, -np.inf, dtype=dtype), np.zeros(lead_shape, dtype=dtype),
             np.zeros(lead_shape + (head_size,), dtype=dtype))
-
-
-def _data_neg_inf_to_nan(scores):
-    """Returns ``scores`` with every -inf made NaN, *before* any mask is applied.
-
-    NOTE: -inf means "masked key" to the recurrence. A -inf computed from data (an infinite key)
-    would be silently dropped like a masked key; as NaN it propagates, as the contract says.
-    """
-    return np.where(np.isneginf(scores), np.nan, scores)
 
 
 def _finite_max(m):
@@ -566,35 +560,6 @@ def paged_decode_split_k(query, key_cache, value_cache, block_tables, context_le
 # --------------------------------------------------------------------------------------------
 # Task 5: numerics — half-precision storage, fp32 arithmetic.
 # --------------------------------------------------------------------------------------------
-def round_to(x, dtype: str):
-    """Rounds to the nearest ``dtype`` value (round-to-nearest-even), returned as float32.
-
-    NumPy has float16 but no bfloat16, so both are returned as float32 arrays holding exactly
-    representable values — what a kernel sees after loading fp16/bf16 data into fp32 registers.
-    NaN stays NaN.
-
-    Args:
-        x: array of floats.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-
-    Returns:
-        float32 array of the same shape.
-
-    Raises:
-        ValueError: ``dtype`` is not one of the two.
-        TypeError: ``x`` is not an array of real numbers.
-    """
-    if dtype not in LOW_PRECISION_DTYPES:
-        raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
-    with np.errstate(over="ignore"):  # beyond float32's range is inf, as a cast on a GPU
-        x32 = check_values_array("x", x).astype(np.float32)
-    if dtype == "float16":
-        return x32.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        bits = x32.view(np.uint32).astype(np.uint64)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # keep the top 16 bits, RNE
-        out = rounded.astype(np.uint32).view(np.float32)
-        return np.where(np.isnan(x32), np.float32(np.nan), out)
 
 
 def paged_decode_lowp(query, key_cache, value_cache, block_tables, context_lens, scale: float,

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from labs.lab06_serving_engine._engine import KVBlockManagerBase, LLMBase, SchedulerBase
 from labs.lab06_serving_engine._sequence import (
     RequestOutput,
     Sequence,
@@ -35,11 +35,10 @@ from labs.lab06_serving_engine._sequence import (
     block_hash,
     sample,
 )
-from reference.block_allocator import TrustedBlockAllocator
 from reference.checks import check_int
 from reference.errors import OutOfBlocksError, SequenceTooLongError
 from reference.layout import PAD_BLOCK_ID, num_blocks_for
-from reference.llama import PagedLlama, StepInputs, check_attention_backend
+from reference.llama import StepInputs
 
 
 @dataclass
@@ -73,38 +72,13 @@ class SamplingParams:
             check_int("seed", self.seed)
 
 
-class KVBlockManager:
-    """Which blocks each request holds, and the prefix cache of computed full blocks."""
+class KVBlockManager(KVBlockManagerBase):
+    """Which blocks each request holds, and the prefix cache of computed full blocks.
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 allocator=None) -> None:
-        """Creates a manager whose blocks are all free.
-
-        Args:
-            num_blocks: blocks in the pool.
-            block_size: tokens per block.
-            enable_prefix_caching: reuse computed full blocks of identical prefixes.
-            allocator: block ids and ref counts with Lab 1's interface; None means
-                ``reference.block_allocator.TrustedBlockAllocator`` (your Lab 1 ``BlockManager``
-                plugs in unchanged).
-        """
-        self.num_blocks = check_int("num_blocks", num_blocks, min_value=1)
-        self.block_size = check_int("block_size", block_size, min_value=1)
-        self.enable_prefix_caching = bool(enable_prefix_caching)
-        self.allocator = allocator if allocator is not None else TrustedBlockAllocator(num_blocks)
-        self.hash_to_block: dict[int, int] = {}  # chained hash -> block id holding those tokens
-        self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache
-        self.num_hit_tokens = 0  # of which served from cached blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks no request holds."""
-        return self.allocator.num_free_blocks
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Fraction of looked-up tokens served from the prefix cache (0 before any lookup)."""
-        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+    The constructor, ``num_free_blocks`` and ``prefix_hit_rate`` are given
+    (``_engine.KVBlockManagerBase``: ``allocator``, ``hash_to_block``, ``num_queried_tokens``,
+    ``num_hit_tokens``...).
+    """
 
     def num_blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Returns how many more blocks ``seq`` must take to hold ``num_tokens`` tokens.
@@ -208,38 +182,12 @@ class KVBlockManager:
             self.hash_to_block.setdefault(h, seq.block_table[i])
 
 
-class Scheduler:
-    """Continuous batching: which requests run each step, and how many of their tokens."""
+class Scheduler(SchedulerBase):
+    """Continuous batching: which requests run each step, and how many of their tokens.
 
-    def __init__(self, block_manager: KVBlockManager, max_num_batched_tokens: int,
-                 max_num_seqs: int) -> None:
-        """Creates an empty scheduler.
-
-        Args:
-            block_manager: the blocks of every request.
-            max_num_batched_tokens: the token budget of one step.
-            max_num_seqs: most requests in the running batch.
-        """
-        self.block_manager = block_manager
-        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens,
-                                                min_value=1)
-        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, min_value=1)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # oldest admission first
-        self.num_preemptions = 0
-
-    def add(self, seq: Sequence) -> None:
-        """Queues a new request at the back of the waiting queue.
-
-        Args:
-            seq: a request holding no blocks.
-        """
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
-
-    def has_unfinished(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self.waiting or self.running)
+    The constructor, ``add`` and ``has_unfinished`` are given (``_engine.SchedulerBase``:
+    ``waiting``, ``running``, ``num_preemptions``...).
+    """
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """Picks this step's requests and token counts, taking the blocks they need.
@@ -381,60 +329,19 @@ def prepare_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
     )
 
 
-class LLM:
-    """The engine: ``generate(prompts, SamplingParams)`` shaped like vLLM's ``LLM``."""
+class LLM(LLMBase):
+    """The engine: ``generate(prompts, SamplingParams)`` shaped like vLLM's ``LLM``.
 
-    def __init__(self, model: PagedLlama, num_blocks: int, block_size: int = 16,
-                 max_num_batched_tokens: int = 256, max_num_seqs: int = 64,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 attention_backend: str = "oracle", block_allocator=None) -> None:
-        """Allocates the KV pool and an empty scheduler.
+    The constructor (its arguments: ``model, num_blocks, block_size, max_num_batched_tokens,
+    max_num_seqs, max_model_len, enable_prefix_caching, attention_backend,
+    block_allocator``), ``stats``, ``has_unfinished_requests`` and ``_finish`` are given
+    (``_engine.LLMBase``: ``block_manager``, ``scheduler``, ``kv_caches``, ``sequences``,
+    ``next_seq_id``, ``num_steps``, ``peak_num_used_blocks``, ``last_scheduled``,
+    ``last_logits``, ``_generators``...).
+    """
 
-        Args:
-            model: the decoder (``reference.llama.PagedLlama``).
-            num_blocks: blocks in the KV pool (every layer has this many).
-            block_size: tokens per block.
-            max_num_batched_tokens: token budget of one step (chunked prefill splits prompts to it).
-            max_num_seqs: most requests running at once.
-            max_model_len: longest request (prompt + max_tokens); None or more than the pool
-                holds means what the pool holds, ``num_blocks * block_size``.
-            enable_prefix_caching: reuse computed blocks of identical prompt prefixes.
-            attention_backend: ``"oracle"`` (torch, CPU-OK) or ``"kernels"`` (Labs 4–5, GPU).
-            block_allocator: Lab 1's interface; None means the trusted allocator.
-
-        Raises:
-            TypeError / ValueError: a bad size; unknown ``attention_backend``.
-            reference.llama.BackendUnavailableError: ``"kernels"`` without a GPU.
-        """
-        self.model = model
-        model.attention_backend = check_attention_backend(attention_backend,
-                                                          model.weights["lm_head.weight"])
-        self.block_size = check_int("block_size", block_size, min_value=1)
-        self.num_blocks = check_int("num_blocks", num_blocks, min_value=1)
-        capacity = self.num_blocks * self.block_size
-        if max_model_len is not None:
-            check_int("max_model_len", max_model_len, min_value=1)
-        self.max_model_len = min(max_model_len or capacity, capacity)
-        self.block_manager = KVBlockManager(num_blocks, block_size, enable_prefix_caching,
-                                            block_allocator)
-        self.scheduler = Scheduler(self.block_manager, max_num_batched_tokens, max_num_seqs)
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
-        self.sequences: dict[int, Sequence] = {}  # live requests by seq_id
-        self.next_seq_id = 0
-        self.num_steps = 0
-        self.peak_num_used_blocks = 0
-        self.last_scheduled: list[tuple[Sequence, int]] = []
-        self.last_logits: dict[int, torch.Tensor] = {}  # seq_id -> logits it was sampled from
-        self._generators: dict[int, torch.Generator | None] = {}
-
-    @property
-    def stats(self) -> dict:
-        """Counters: steps, preemptions, prefix-cache hit rate, peak blocks in use."""
-        return {"num_steps": self.num_steps,
-                "num_preemptions": self.scheduler.num_preemptions,
-                "prefix_hit_rate": self.block_manager.prefix_hit_rate,
-                "num_prefix_hit_tokens": self.block_manager.num_hit_tokens,
-                "peak_num_used_blocks": self.peak_num_used_blocks}
+    _block_manager_class = KVBlockManager
+    _scheduler_class = Scheduler
 
     def check_request(self, prompt: object, params: object, name: str = "prompt") -> None:
         """Validates one request without changing anything.
@@ -492,10 +399,6 @@ class LLM:
         self._generators[seq.seq_id] = generator
         self.scheduler.add(seq)
         return seq.seq_id
-
-    def has_unfinished_requests(self) -> bool:
-        """Whether any request is waiting or running."""
-        return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Runs one engine step: schedule, prepare inputs, run the model, sample, book.
@@ -563,9 +466,3 @@ class LLM:
                 outputs[out.seq_id] = out
         return [outputs.pop(i) for i in ids]
 
-    def _finish(self, seq: Sequence) -> RequestOutput:
-        del self.sequences[seq.seq_id]
-        del self._generators[seq.seq_id]
-        return RequestOutput(seq.seq_id, seq.token_ids[:seq.num_prompt_tokens],
-                             seq.output_token_ids, seq.num_cached_prompt_tokens,
-                             seq.num_preemptions)
