@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+import reference.grader.parity as parity
 from reference.grader.parity import check_lab, module_constants, private_helpers
 from reference.paths import LABS_DIR, SOLUTIONS_DIR, lab_names
 
@@ -151,3 +152,31 @@ def test_given_code_reexported_by_both_files_is_paired_by_origin(tmp_path):
     assert ("function scale is in the solution but not the starter (the starter imports it from "
             "labs.lab99_x._numerics") in text
     assert "round_to" not in text
+
+
+def test_code_kept_twice_is_reported_except_short_launch_glue(tmp_path):
+    """A function whose body is the same in starter and solution (not a TODO) is given code kept
+    twice and is reported; a TODO stub is not, and neither is an allow-listed launcher's glue of
+    at most a few statements."""
+    lab, sol = make_lab(tmp_path, """
+        def helper(x):
+            return x + 1
+
+        def task(x):
+            raise NotImplementedError("TODO(lab99.1)")
+    """, """
+        def helper(x):
+            return x + 1
+
+        def task(x):
+            return helper(x)
+    """)
+    problems = check_lab(lab, sol)
+    assert len(problems) == 1 and "helper is the same in starter and solution" in problems[0], problems
+    monkey = dict(parity.SHARED_GLUE)
+    try:
+        parity.SHARED_GLUE[lab.name] = {"helper"}
+        assert check_lab(lab, sol) == []
+    finally:
+        parity.SHARED_GLUE.clear()
+        parity.SHARED_GLUE.update(monkey)

@@ -14,6 +14,9 @@ method both define (same signature — its body is the solution's business), and
 header present in both folders (identical text: a header is given code, and a lab keeps it once in ``labs/<lab>/``
 when it can).
 
+No function body may be the same in both files (given code is kept once, in a protected
+``labs/<lab>/_*.py``), but for the few launchers' glue lines in :data:`SHARED_GLUE`.
+
 A public name both files import from the workbook's code (``labs.*``, ``reference.*``) —
 given code kept once and re-exported — must come from the same place on both sides.
 
@@ -207,6 +210,58 @@ def compare_python(starter: Path, solution: Path) -> list[str]:
     return problems
 
 
+#: Functions whose body may be the same in starter and solution: the public launchers' glue,
+#: one or two lines that call the student's own TODO functions in launch order. Moving them to a
+#: given module would mean passing the student's functions in (and Lab 4's dispatch test swaps
+#: ``paged_attention_v4``/``v6`` in the lab module, which ``paged_attention`` must look up there).
+#: Anything else identical in both files is given code kept twice: keep it once in ``_*.py``.
+SHARED_GLUE = {
+    "lab04_decode_kernels": {"paged_attention_naive", "paged_attention_v3", "paged_attention"},
+    "lab05_prefill_kernels": {"plan_for_kernel", "_prepare"},
+}
+#: The most statements a glue body may hold (more is logic, not glue).
+MAX_GLUE_STATEMENTS = 4
+
+
+def _bodies(source: str) -> dict[str, ast.AST]:
+    """Returns every function and method (``Class.method``) by qualified name."""
+    out: dict[str, ast.AST] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            out |= {f"{node.name}.{m.name}": m for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return out
+
+
+def _is_todo(node: ast.AST) -> bool:
+    return "NotImplementedError" in ast.unparse(node)
+
+
+def shared_bodies(starter: Path, solution: Path) -> list[str]:
+    """Returns the problems of code kept twice: functions identical in starter and solution.
+
+    Given code lives once, in a protected ``labs/<lab>/_*.py`` both files import; a starter and
+    its solution differ only in the TODOs. The exceptions are :data:`SHARED_GLUE` (short bodies
+    that call the student's functions), each held to :data:`MAX_GLUE_STATEMENTS`.
+    """
+    lab = starter.parent.name
+    allowed = SHARED_GLUE.get(lab, set())
+    got, want = _bodies(starter.read_text()), _bodies(solution.read_text())
+    problems = []
+    for name in sorted(set(got) & set(want)):
+        a, b = got[name], want[name]
+        if ast.dump(a) != ast.dump(b) or _is_todo(a):
+            continue
+        body = a.body[1:] if ast.get_docstring(a) is not None else a.body
+        if name in allowed and len(body) <= MAX_GLUE_STATEMENTS:
+            continue
+        problems.append(f"{lab}/starter.py: {name} is the same in starter and solution: given code "
+                        f"is kept once, in a protected labs/{lab}/_*.py both import")
+    return problems
+
+
 def kernel_signatures(source: str) -> dict[str, str]:
     """Returns ``extern "C" __global__`` kernels: name -> normalised parameter list."""
     no_comments = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
@@ -262,4 +317,6 @@ def check_lab(lab_dir: Path, solution_dir: Path) -> list[str]:
     for starter, solution in pairs:
         compare = {".cu": compare_cuda, ".cuh": compare_header}.get(starter.suffix, compare_python)
         problems += compare(starter, solution)
+        if starter.name == "starter.py":
+            problems += shared_bodies(starter, solution)
     return problems
