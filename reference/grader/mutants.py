@@ -5,6 +5,9 @@ A mutant lives in ``solutions/<lab>/mutants/<mistake_name>.toml``::
     mistake = "free() puts a block back on the free list even while others still use it"
     caught_by = ["test_shared_block_stays_used_until_last_reference_is_freed"]
     requires_gpu = false          # GPU-only mutants are checked where a GPU is present
+    caught_by_emulated = [...]    # optional: the tests that catch it on the CPU emulator instead
+                                  # (a race the GPU only shows to racecheck, which the emulator's
+                                  # fixed warp order turns into a wrong number)
 
     [[edit]]                      # one or more exact text replacements
     file = "solution.py"          # relative to solutions/<lab>/
@@ -48,6 +51,7 @@ class Mutant:
     caught_by: list[str]
     requires_gpu: bool = False
     edits: list[Edit] = field(default_factory=list)
+    caught_by_emulated: list[str] = field(default_factory=list)
     path: Path | None = None
 
 
@@ -75,6 +79,7 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
                 caught_by=list(data["caught_by"]),
                 requires_gpu=bool(data.get("requires_gpu", False)),
                 edits=edits,
+                caught_by_emulated=list(data.get("caught_by_emulated", [])),
                 path=path,
             )
         except (KeyError, TypeError) as exc:

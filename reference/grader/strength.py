@@ -82,6 +82,9 @@ def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
 
 def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | None]:
     """Returns (mutant, problem or None)."""
+    # On the emulator (no GPU) a mutant may name other tests than on a GPU: see caught_by_emulated.
+    names = (mutant.caught_by_emulated if mutant.caught_by_emulated and emulation_requested()
+             and not gpu_available() else mutant.caught_by)
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
         if isolated:
             os.chmod(tmp, 0o755)  # NOTE: the worker's user reads the mutant copy (no secret)
@@ -91,17 +94,17 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
             return mutant, str(exc)
         try:
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                only=mutant.caught_by, timeout_s=900, isolated=isolated)
+                                only=names, timeout_s=900, isolated=isolated)
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
     by_name: dict[str, list[TestResult]] = {}
     for r in run.records:
         by_name.setdefault(r.func_name, []).append(r)
-    missing = [n for n in mutant.caught_by if n not in by_name]
+    missing = [n for n in names if n not in by_name]
     if missing:
         return mutant, f"caught_by names unknown tests: {missing}"
     escaped = []
-    for name in mutant.caught_by:
+    for name in names:
         results = by_name[name]
         if all(r.skipped for r in results):
             if results[0].message.startswith(GPU_ONLY_PREFIX):
@@ -127,7 +130,7 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> 
     for m in mutants:
         handout = (LABS_DIR / m.lab / "README.md")
         text = handout.read_text() if handout.exists() else ""
-        for needle in [m.name, *m.caught_by]:
+        for needle in [m.name, *m.caught_by, *m.caught_by_emulated]:
             if needle not in text:
                 problems.append(f"handout {m.lab}/README.md does not mention `{needle}` "
                                 f"(mutant {m.name})")
