@@ -76,3 +76,20 @@ def test_grade_with_a_gpu_does_not_emulate(monkeypatch):
     monkeypatch.setattr("reference.gpu.gpu_skip_reason", lambda: None)
     monkeypatch.delenv("PAGEDLAB_DEVICE", raising=False)
     assert grade._emulate_kernel_labs_without_gpu(["lab04_decode_kernels"]) is None
+
+
+def test_compile_tells_an_sm80_feature_from_a_real_error():
+    """On sm_75, ptxas errors that only name sm_80 features make the file "needs sm_80" (an
+    UnsupportedConfigError message naming them), never hiding any other compile error."""
+    from pathlib import Path
+
+    from reference.tools.compile import sm80_features, unsupported_on
+
+    log = ("ptxas k.ptx, line 7; error   : Feature '.m16n8k16' requires .target sm_80 or higher\n"
+           "ptxas k.ptx, line 9; error   : Feature 'cp.async' requires .target sm_80 or higher\n"
+           "ptxas fatal   : Ptx assembly aborted due to errors")
+    assert sm80_features(log) == ["cp.async", "mma.sync m16n8k16"]
+    assert sm80_features(log + "\nk.cu(3): error: identifier \"x\" is undefined") is None
+    assert sm80_features("") is None
+    msg = unsupported_on("sm_75", Path("decode_v6.cu"), ["cp.async"])
+    assert msg.startswith("UnsupportedConfigError") and "sm_80" in msg and "decode_v6.cu" in msg
