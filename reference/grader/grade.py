@@ -157,15 +157,14 @@ def _emulate_kernel_labs_without_gpu(labs: list[str]) -> str | None:
     kernel_labs = [lab for lab in labs if any((LABS_DIR / lab).glob("*.cu"))]
     if not kernel_labs or os.environ.get("PAGEDLAB_DEVICE", "").strip():
         return None
-    why_no_gpu = gpu_skip_reason()
-    if why_no_gpu is None:
+    if gpu_skip_reason() is None:
         return None
     if _emulator_missing():
         return None  # no C++ compiler: the kernel tests skip with the GPU reason, as before
     os.environ["PAGEDLAB_DEVICE"] = "emulate"
-    return (f"pagedlab grade: no GPU ({why_no_gpu}): the kernel tests of "
-            f"{', '.join(kernel_labs)} run on the emulated device (PAGEDLAB_DEVICE=emulate; "
-            f"set PAGEDLAB_DEVICE=gpu to skip them instead)")
+    return (f"pagedlab grade: no usable GPU here, so the kernel tests of {', '.join(kernel_labs)} "
+            f"run on the emulated device (PAGEDLAB_DEVICE=emulate; PAGEDLAB_DEVICE=gpu skips "
+            f"them instead)")
 
 
 def _emulator_missing() -> bool:
