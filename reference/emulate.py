@@ -444,6 +444,15 @@ class EmulatedKernel:
     def __repr__(self):
         return f"<EmulatedKernel {self.name} of {self.module.path.name}>"
 
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        """Launches the kernel the way a ``cupy.RawKernel`` call does: on CuPy's current
+        stream, which is not torch's (see :data:`DEFAULT_STREAM`).
+
+        Args:
+            grid, block, args, shared_mem: as for :func:`launch`.
+        """
+        launch(self, grid, block, args, shared_mem, stream=DEFAULT_STREAM)
+
 
 class EmulatedModule:
     """A compiled kernel file for the emulated device (CuPy RawModule's stand-in)."""
@@ -577,7 +586,36 @@ def _scalar_bits(kernel: EmulatedKernel, i: int, value) -> int:
     return int.from_bytes(raw.ljust(8, b"\0"), "little")
 
 
-def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0) -> None:
+#: The stream a launch through :func:`reference.cuda.launch` goes to: torch's current stream.
+TORCH_STREAM = "torch's current stream"
+#: The stream a direct kernel call goes to: CuPy's current stream, the legacy default stream
+#: unless CuPy was told otherwise. On the GPU such a launch does not wait for work queued on
+#: torch's side stream; the emulator runs every launch at once, so it only records the stream.
+DEFAULT_STREAM = "CuPy's current stream (the legacy default stream)"
+_stream_logs: list[list[tuple[str, str]]] = []
+
+
+@contextlib.contextmanager
+def recorded_streams():
+    """Records the stream of every emulated launch inside the ``with`` block.
+
+    Launches are synchronous here, so stream order cannot be observed; what can be checked is
+    the stream a launch was *given*: :data:`TORCH_STREAM` for :func:`reference.cuda.launch`,
+    :data:`DEFAULT_STREAM` for a direct call of the kernel object.
+
+    Yields:
+        A list that fills with ``(kernel name, stream)`` pairs.
+    """
+    log: list[tuple[str, str]] = []
+    _stream_logs.append(log)
+    try:
+        yield log
+    finally:
+        _stream_logs.remove(log)
+
+
+def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0, *,
+           stream: str = TORCH_STREAM) -> None:
     """Runs an emulated kernel over ``grid`` (the CuPy launch's stand-in).
 
     Args:
@@ -587,6 +625,7 @@ def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0) -> No
         args: :class:`HostArray` pointers (``np.uint64(0)`` for a null one), ``np.int32`` /
             ``np.float32`` scalars.
         shared_mem: dynamic shared memory in bytes.
+        stream: the stream the launch was given (recorded by :func:`recorded_streams`).
 
     Raises:
         TypeError: an argument does not fit its parameter (count, kind or size).
@@ -642,6 +681,8 @@ def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0) -> No
                 raise TypeError(f"kernel {kernel.name}, parameter {i} "
                                 f"({kernel.param_names[i]}) is a scalar but got an array")
             kargs[i] = _KernelArg(_scalar_bits(kernel, i, a), 0, -1)
+    for log in _stream_logs:
+        log.append((kernel.name, stream))
     err = ctypes.create_string_buffer(4096)
     start = time.perf_counter()
     rc = kernel.module._run(ctypes.pointer(kernel._entry), (ctypes.c_uint * 3)(*grid),

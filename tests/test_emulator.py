@@ -64,6 +64,19 @@ def test_indices_and_dynamic_shared_memory(tmp_path):
     np.testing.assert_array_equal(got, expect)
 
 
+def test_launches_record_the_stream_they_were_given(tmp_path):
+    """A launch through reference.cuda.launch is given torch's current stream; a direct call of
+    the kernel object (CuPy's RawKernel call) CuPy's default stream, as on the GPU. Both run."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(int* out) { out[threadIdx.x] = threadIdx.x + 1; }""")
+    out = torch.zeros(32, dtype=torch.int32)
+    with emulate.recorded_streams() as launches:
+        rcuda.launch(k, (1,), (32,), (rcuda.ptr(out),))
+        k((1,), (32,), (rcuda.ptr(out),))
+    assert launches == [("k", emulate.TORCH_STREAM), ("k", emulate.DEFAULT_STREAM)]
+    assert out.tolist() == list(range(1, 33))
+
+
 def test_static_shared_is_per_block_and_poisoned(tmp_path):
     """A static `__shared__` array is one per block, and starts every block as 0xFF bytes (NaN
     as a float): a read of shared memory no thread wrote in this block is visible."""

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
+from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.errors import DeviceMismatchError
 from reference.gpu import gpu_only, gpu_skip_reason, kernel_skip_reason, synchronize
 from reference.paths import REPO_ROOT
@@ -154,15 +155,26 @@ def test_split_k_partitions_merge_exactly(impl, version):
                    case.dtype, f"{version} with its own plan")
 
 
-@gpu_only("CUDA streams")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_runs_on_the_current_torch_stream(impl, version):
     """Launched inside ``torch.cuda.stream(s)``, the kernel runs on s: it sees the query that s
-    writes after a 20 ms sleep (a kernel on any other stream would read the NaN before it)."""
+    writes after a 20 ms sleep (a kernel on any other stream would read the NaN before it).
+    Emulated (launches are synchronous there), every launch must be *given* torch's current
+    stream: it goes through ``reference.cuda.launch``, not a direct kernel call."""
     import torch
 
     case = GpuCase(81, [40, 200], 8, 2, 128, 16)
+    if emulating():
+        with recorded_streams() as launches:
+            got = impl.KERNELS[version](*case.args(), case.scale)
+        assert_matches(got, case.ref, case.host_lens, case.dtype, f"{version} (emulated)")
+        wrong = [(name, stream) for name, stream in launches if stream != TORCH_STREAM]
+        assert launches and not wrong, (
+            f"{version}: launches {wrong or 'none recorded'} were not given torch's current "
+            "stream; launch through reference.cuda.launch (it uses torch.cuda.current_stream()) "
+            "instead of calling the kernel object, which uses CuPy's default stream")
+        return
     true_query = case.query
     case.query = torch.full_like(true_query, float("nan"))
     synchronize()
@@ -260,16 +272,16 @@ def test_debug_checks_read_device_values(impl, version, monkeypatch):
         fn(*args, case.scale)
 
 
-@gpu_only("CPU and CUDA tensors mixed")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_mixed_devices_raise_before_launch(impl, version):
     """A CUDA query with a CPU cache (or table) is refused, naming the tensor on the wrong
-    device; a wrong dtype on the GPU is still a TypeError."""
+    device; a wrong dtype on the GPU is still a TypeError. Emulated, where CPU tensors stand in
+    for CUDA ones, the cache on torch's "meta" device is the tensor on the wrong device."""
     case = GpuCase(121, [40, 20], 8, 2, 128, 16)
     fn = impl.KERNELS[version]
     args = list(case.args())
-    args[1] = args[1].cpu()
+    args[1] = args[1].to("meta") if emulating() else args[1].cpu()
     with pytest.raises(DeviceMismatchError, match="key_cache"):
         fn(*args, case.scale)
     args = list(case.args())

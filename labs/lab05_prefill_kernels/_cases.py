@@ -6,6 +6,13 @@ sequence's tokens and the head's dims, against the float64 oracle run on the *sa
 inputs): float32 1e-4, float16 5e-3, bfloat16 1.5e-2. The kernels accumulate in fp32; what
 remains is rounding P to 16 bits for the tensor-core PV product and rounding the output
 (bf16 keeps 8 significant bits, ≈ 4e-3 relative). NaN never passes.
+
+Under the emulated device (``PAGEDLAB_DEVICE=emulate``) :func:`make_batch` shrinks every query
+and history length of two tiles or more with :func:`emulated_length`. It keeps what a kernel can
+get wrong about a length: where it ends in the kernel's tile (64 rows; 32 for the naive kernel,
+which has no tiles) and so in its 16- or 32-token block, and whether it spans several tiles.
+Every case keeps its partial tiles, partial blocks, empty sequences, GQA groups, head sizes,
+ALiBi and causal masking with history. On the GPU the lengths are used as written.
 """
 
 from __future__ import annotations
@@ -17,6 +24,51 @@ from reference.oracle import paged_prefill_ref
 
 KERNELS = ("naive", "tiled", "tc")
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 1.5e-2}
+#: The period :func:`emulated_length` keeps, per kernel: the tiled and tensor-core kernels cut
+#: queries and keys into 64-row tiles (a multiple of the 16- and 32-token blocks); the naive
+#: kernel has no tiles, only blocks, and is the slowest to emulate (a CTA per query token, five
+#: shuffles per score, three passes over the keys).
+EMU_PERIOD = {"naive": 32, "tiled": 64, "tc": 64}
+
+
+def emulated_length(n: int, period: int) -> int:
+    """A shorter stand-in for a query or history length, for the emulated device.
+
+    The emulator runs every CUDA thread as a fiber, so Lab 5's kernels cost minutes at the GPU
+    tests' lengths. What a kernel can get wrong about a length is where it ends in its tile and
+    in its last block, and whether it spans several tiles (the online-softmax rescale); a
+    stand-in keeps all three.
+
+    Args:
+        n: the length the test asks for (an int >= 0).
+        period: the kernel's tile (a multiple of the block sizes 16 and 32).
+
+    Returns:
+        ``n`` when ``n < 2 * period``; otherwise a length in ``(period, 2 * period]`` with the
+        same remainder modulo ``period`` (``2 * period`` for a multiple: two full tiles).
+    """
+    n = int(n)
+    if n < 2 * period:
+        return n
+    return period + (n % period or period)
+
+
+def sized(lengths, kernel: str | None) -> list[int]:
+    """The lengths a kernel test uses here: as written on the GPU, shrunk when emulated.
+
+    Args:
+        lengths: query or history lengths (ints >= 0).
+        kernel: ``"naive"``, ``"tiled"`` or ``"tc"`` (its tile sets the period kept); None keeps
+            the lengths as written also under emulation.
+
+    Returns:
+        A list of ints (see :func:`emulated_length`).
+    """
+    from reference.emulate import emulating
+
+    if kernel is None or not emulating():
+        return [int(n) for n in lengths]
+    return [emulated_length(n, EMU_PERIOD[kernel]) for n in lengths]
 
 
 def launcher(impl, kernel: str):
@@ -26,8 +78,12 @@ def launcher(impl, kernel: str):
 
 def make_batch(seed: int, query_lens, history_lens, num_q_heads: int, num_kv_heads: int,
                head_size: int, block_size: int, *, dtype: str = "float16", alibi: bool = False,
-               device: str | None = None, **kv_kwargs) -> dict:
+               device: str | None = None, kernel: str | None = None, **kv_kwargs) -> dict:
     """Builds a seeded batch (poisoned padding) as torch tensors on ``device``.
+
+    Args:
+        kernel: the kernel the batch is for: under emulation its lengths are shrunk by
+            :func:`sized` (see the module docstring); None keeps them as written.
 
     Returns:
         Keyword arguments for a launcher: query, key_cache, value_cache, block_tables,
@@ -38,6 +94,7 @@ def make_batch(seed: int, query_lens, history_lens, num_q_heads: int, num_kv_hea
     from reference.gpu import kernel_device
 
     device = device or kernel_device()  # "cuda", or "cpu" on the emulated device
+    query_lens, history_lens = sized(query_lens, kernel), sized(history_lens, kernel)
     np_dtype = np.float16 if dtype == "float16" else np.float32  # bf16 is rounded from fp32
     case = make_prefill_case(seed, query_lens, history_lens, num_q_heads, num_kv_heads,
                              head_size, block_size, dtype=np_dtype, alibi=alibi, **kv_kwargs)

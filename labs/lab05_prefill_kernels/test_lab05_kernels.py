@@ -2,7 +2,9 @@
 
 Every batch is seeded, its cache poisoned (unused blocks and the tail of each partial last
 block are NaN) and its physical blocks shuffled; outputs start as NaN. Tolerances are in
-``_cases.py``. Without a GPU these tests skip with the reason.
+``_cases.py``. Without a GPU these tests skip with the reason, or run on the emulated device
+with ``PAGEDLAB_DEVICE=emulate`` (shorter lengths that end at the same place in their tiles and
+blocks: ``_cases.emulated_length``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
                                                oracle, poison_allocator)
+from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.gpu import gpu_only, kernel_skip_reason, synchronize
 from reference.paths import REPO_ROOT
 
@@ -49,7 +52,7 @@ def _params():
 
 def run_case(impl, kernel, seed, q_lens, hist, hq, hkv, d, bs, *, dtype="float16", alibi=False,
              causal=True, what=""):
-    batch = make_batch(seed, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi)
+    batch = make_batch(seed, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi, kernel=kernel)
     ref = oracle(batch, causal=causal)
     poison_allocator(batch["query"].numel() * batch["query"].element_size())
     out = launcher(impl, kernel)(**batch, causal=causal)
@@ -122,7 +125,7 @@ def test_every_output_element_is_written(impl, kernel):
     itself is returned); no output element is left to chance."""
     import torch
 
-    batch = make_batch(47, [33, 1, 150], [0, 90, 7], 8, 2, 128, 32)
+    batch = make_batch(47, [33, 1, 150], [0, 90, 7], 8, 2, 128, 32, kernel=kernel)
     out = torch.full_like(batch["query"], float("nan"))
     got = launcher(impl, kernel)(**batch, out=out)
     assert got is out, "with out= the launcher must write into it and return it"
@@ -137,11 +140,15 @@ def test_output_is_deterministic_across_runs(impl, kernel):
     (a missing barrier between writing a shared-memory tile and reading or overwriting it)."""
     import torch
 
-    batch = make_batch(53, [300] * 8, [400] * 8, 8, 2, 128, 16)
+    # NOTE: the emulator schedules threads in one fixed order, so repeated emulated runs can
+    # only differ through state left from a previous run (the allocator): two runs of two
+    # sequences prove that; the GPU keeps five runs of eight for its real races.
+    num_seqs, num_runs = (2, 2) if emulating() else (8, 5)
+    batch = make_batch(53, [300] * num_seqs, [400] * num_seqs, 8, 2, 128, 16, kernel=kernel)
     ref = oracle(batch)
     fn = launcher(impl, kernel)
     outs = []
-    for run in range(5):
+    for run in range(num_runs):
         poison_allocator(batch["query"].numel() * 2)
         outs.append(fn(**batch))
     synchronize()
@@ -166,16 +173,28 @@ def test_cupy_inputs_give_cupy_output(impl, kernel):
     check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, CuPy")
 
 
-@gpu_only("CUDA streams")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_launches_on_the_current_torch_stream(impl, kernel):
     """The kernel runs on torch's *current* stream: on a side stream that is still busy
-    writing the query, it waits its turn instead of reading the query before it is ready."""
+    writing the query, it waits its turn instead of reading the query before it is ready.
+    Emulated (launches are synchronous there), the launch must be *given* torch's current
+    stream: it goes through ``reference.cuda.launch``, not a direct kernel call."""
     import torch
 
-    batch = make_batch(61, [50, 7, 120], [0, 30, 9], 8, 2, 128, 16)
+    batch = make_batch(61, [50, 7, 120], [0, 30, 9], 8, 2, 128, 16, kernel=kernel)
     ref = oracle(batch)
+    if emulating():
+        with recorded_streams() as launches:
+            out = launcher(impl, kernel)(**batch)
+        check_close(out, ref, batch, dtype="float16", what=f"{kernel} kernel (emulated)")
+        wrong = [(name, stream) for name, stream in launches if stream != TORCH_STREAM]
+        assert launches and not wrong, (
+            f"{kernel} kernel: launches {wrong or 'none recorded'} were not given torch's "
+            f"current stream; launch through reference.cuda.launch (it uses "
+            f"torch.cuda.current_stream()) instead of calling the kernel object, which uses "
+            f"CuPy's default stream")
+        return
     plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
                                 num_q_heads=8, num_kv_heads=2)
     fn = launcher(impl, kernel)
@@ -202,7 +221,7 @@ def test_empty_sequences_and_empty_batch(impl, kernel):
 
     run_case(impl, kernel, 67, [0, 12, 0, 0, 40, 0], [5, 3, 0, 17, 0, 9], 8, 2, 64, 16,
              what="empty sequences")
-    batch = make_batch(71, [0, 0], [4, 0], 8, 2, 64, 16)
+    batch = make_batch(71, [0, 0], [4, 0], 8, 2, 64, 16, kernel=kernel)
     out = launcher(impl, kernel)(**batch)
     assert tuple(out.shape) == (0, 8, 64)
     synchronize()
@@ -213,7 +232,7 @@ def test_empty_sequences_and_empty_batch(impl, kernel):
 def test_debug_mode_checks_block_ids_on_the_gpu(impl, kernel):
     """With debug=True the launcher reads the GPU block table back and refuses an id outside
     the cache with IndexError naming block_tables, instead of letting the kernel read it."""
-    batch = make_batch(73, [10, 20], [30, 0], 8, 2, 64, 16)
+    batch = make_batch(73, [10, 20], [30, 0], 8, 2, 64, 16, kernel=kernel)
     batch["block_tables"][0, 1] = 10_000
     with pytest.raises(IndexError, match="block_tables"):
         launcher(impl, kernel)(**batch, debug=True)

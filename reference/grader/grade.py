@@ -39,6 +39,9 @@ from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run
 from reference.grader.sandbox import IsolationError
 
 EXIT_OK, EXIT_BELOW, EXIT_CANNOT_GRADE, EXIT_UNTRUSTED = 0, 1, 2, 3
+#: The default per-test limit is this many times longer for kernel tests run emulated (a CPU
+#: thread runs every CUDA thread of the grid; a 2-core runner takes up to a minute per test).
+EMULATED_TIMEOUT_FACTOR = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +138,44 @@ def _implementation_to_grade() -> str:
     return impl_name()
 
 
+def _emulate_kernel_labs_without_gpu(labs: list[str]) -> str | None:
+    """Turns the emulated device on for a grade of kernel labs on a machine without a GPU.
+
+    A lab with ``.cu`` files in ``labs/<lab>/`` is a kernel lab. ``PAGEDLAB_DEVICE`` set to
+    anything (``emulate``, or e.g. ``gpu`` to keep the GPU-or-skip behaviour) is left alone.
+
+    Args:
+        labs: the lab folder names being graded.
+
+    Returns:
+        The one line announcing it (the test processes inherit ``PAGEDLAB_DEVICE=emulate``),
+        or None when nothing changed.
+    """
+    from reference.gpu import gpu_skip_reason
+    from reference.paths import LABS_DIR
+
+    kernel_labs = [lab for lab in labs if any((LABS_DIR / lab).glob("*.cu"))]
+    if not kernel_labs or os.environ.get("PAGEDLAB_DEVICE", "").strip():
+        return None
+    if gpu_skip_reason() is None:
+        return None
+    if _emulator_missing():
+        return None  # no C++ compiler: the kernel tests skip with the GPU reason, as before
+    os.environ["PAGEDLAB_DEVICE"] = "emulate"
+    return (f"pagedlab grade: no usable GPU here, so the kernel tests of {', '.join(kernel_labs)} "
+            f"run on the emulated device (PAGEDLAB_DEVICE=emulate; PAGEDLAB_DEVICE=gpu skips "
+            f"them instead)")
+
+
+def _emulator_missing() -> bool:
+    """True when the emulated device cannot compile kernels here (no C++ compiler)."""
+    import shutil
+
+    from reference.emulate import CXX
+
+    return shutil.which(CXX) is None
+
+
 def _describe(impl: str) -> str:
     """Returns the header line naming the implementation graded, e.g. for the grade table."""
     where = ("your code: labs/*/starter.py and .cu files" if impl == "starter"
@@ -185,9 +226,15 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
                        expected=manifest and manifest.get("tests"))
         return EXIT_CANNOT_GRADE
     print(f"pagedlab grade: grading {_describe(impl)} ...", flush=True)
+    test_timeout_s = args.timeout or None
+    announce = _emulate_kernel_labs_without_gpu(labs)
+    if announce:
+        print(announce, flush=True)
+        if test_timeout_s and args.timeout == DEFAULT_TEST_TIMEOUT_S:
+            test_timeout_s *= EMULATED_TIMEOUT_FACTOR
     progress = None if args.quiet else Progress()
     try:
-        run = run_lab_tests(labs, impl=impl, test_timeout_s=args.timeout or None,
+        run = run_lab_tests(labs, impl=impl, test_timeout_s=test_timeout_s,
                             include_hidden=not args.no_hidden, expected=expected,
                             progress=progress, isolated=args.isolated or args.classroom)
     except IsolationError as exc:

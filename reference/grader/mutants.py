@@ -5,9 +5,9 @@ A mutant lives in ``solutions/<lab>/mutants/<mistake_name>.toml``::
     mistake = "free() puts a block back on the free list even while others still use it"
     caught_by = ["test_shared_block_stays_used_until_last_reference_is_freed"]
     requires_gpu = false          # GPU-only mutants are checked where a GPU is present
-    caught_by_emulated = [...]    # optional: the tests that catch it on the CPU emulator instead
-                                  # (a race the GPU only shows to racecheck, which the emulator's
-                                  # fixed warp order turns into a wrong number)
+    caught_emulated_by = [...]    # optional: under PAGEDLAB_DEVICE=emulate, where caught_by's
+                                  # tests are GPU-only (racecheck), these catch it instead
+    needs_real_race = false       # optional: only a real race shows it (racecheck on a GPU)
 
     [[edit]]                      # one or more exact text replacements
     file = "solution.py"          # relative to solutions/<lab>/
@@ -51,7 +51,8 @@ class Mutant:
     caught_by: list[str]
     requires_gpu: bool = False
     edits: list[Edit] = field(default_factory=list)
-    caught_by_emulated: list[str] = field(default_factory=list)
+    caught_emulated_by: list[str] = field(default_factory=list)
+    needs_real_race: bool = False
     path: Path | None = None
 
 
@@ -79,7 +80,8 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
                 caught_by=list(data["caught_by"]),
                 requires_gpu=bool(data.get("requires_gpu", False)),
                 edits=edits,
-                caught_by_emulated=list(data.get("caught_by_emulated", [])),
+                caught_emulated_by=list(data.get("caught_emulated_by", [])),
+                needs_real_race=bool(data.get("needs_real_race", False)),
                 path=path,
             )
         except (KeyError, TypeError) as exc:

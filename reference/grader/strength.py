@@ -80,11 +80,17 @@ def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
     return problems + run.problems
 
 
+def _catching_tests(mutant: Mutant) -> list[str]:
+    """The tests that must catch a mutant here: ``caught_emulated_by`` under the emulated device
+    when it has any (``caught_by`` there is GPU-only, e.g. racecheck), else ``caught_by``."""
+    if emulation_requested() and not gpu_available() and mutant.caught_emulated_by:
+        return mutant.caught_emulated_by
+    return mutant.caught_by
+
+
 def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | None]:
     """Returns (mutant, problem or None)."""
-    # On the emulator (no GPU) a mutant may name other tests than on a GPU: see caught_by_emulated.
-    names = (mutant.caught_by_emulated if mutant.caught_by_emulated and emulation_requested()
-             and not gpu_available() else mutant.caught_by)
+    tests = _catching_tests(mutant)
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
         if isolated:
             os.chmod(tmp, 0o755)  # NOTE: the worker's user reads the mutant copy (no secret)
@@ -94,17 +100,17 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
             return mutant, str(exc)
         try:
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                only=names, timeout_s=900, isolated=isolated)
+                                only=tests, timeout_s=900, isolated=isolated)
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
     by_name: dict[str, list[TestResult]] = {}
     for r in run.records:
         by_name.setdefault(r.func_name, []).append(r)
-    missing = [n for n in names if n not in by_name]
+    missing = [n for n in tests if n not in by_name]
     if missing:
         return mutant, f"caught_by names unknown tests: {missing}"
     escaped = []
-    for name in names:
+    for name in tests:
         results = by_name[name]
         if all(r.skipped for r in results):
             if results[0].message.startswith(GPU_ONLY_PREFIX):
@@ -130,7 +136,7 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> 
     for m in mutants:
         handout = (LABS_DIR / m.lab / "README.md")
         text = handout.read_text() if handout.exists() else ""
-        for needle in [m.name, *m.caught_by, *m.caught_by_emulated]:
+        for needle in [m.name, *m.caught_by]:
             if needle not in text:
                 problems.append(f"handout {m.lab}/README.md does not mention `{needle}` "
                                 f"(mutant {m.name})")
@@ -138,8 +144,9 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for mutant, problem in pool.map(lambda m: _check_one(m, isolated), runnable):
             if problem is not None and problem.startswith(GPU_ONLY_PREFIX):
+                race = "; only a real race shows it" if mutant.needs_real_race else ""
                 print(f"      {mutant.lab}/{mutant.name}: needs a GPU ({problem[len(GPU_ONLY_PREFIX):]}"
-                      " is GPU-only under emulation)")
+                      f" is GPU-only under emulation{race})")
                 continue
             status = "caught" if problem is None else f"PROBLEM: {problem}"
             print(f"      {mutant.lab}/{mutant.name}: {status}")

@@ -1,5 +1,11 @@
 """``pagedlab compile``: compile-check every ``.cu`` file for sm_80 and sm_90, no GPU needed.
 
+Each file is also compiled for sm_75 (Colab's and Kaggle's T4). A file that uses what only
+sm_80 has (``mma.sync`` m16n8k16, ``cp.async``, bf16 arithmetic) is reported as not runnable
+there, with the :class:`~reference.errors.UnsupportedConfigError` message, not as a failure;
+any other sm_75 error fails as usual. (NVRTC stops at PTX, so only nvcc, which runs ptxas, can
+tell; with NVRTC sm_75 is compiled like any target.)
+
 Uses ``nvcc`` when it is on PATH (or under ``$CUDA_HOME``), else NVRTC through CuPy. Errors are
 printed with file and line numbers, as the compiler reports them. Include folders are the
 loader's (:func:`reference.cuda.kernel_include_dirs`): a solution finds the headers its lab hands
@@ -9,6 +15,7 @@ out in ``labs/<lab>/``.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -19,11 +26,17 @@ from reference.cuda import BASE_OPTIONS, cuda_home, include_options, kernel_incl
 from reference.paths import LABS_DIR, SOLUTIONS_DIR
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+#: Turing (T4): the CUDA-core stages run there, the tensor-core and cp.async ones need sm_80.
+T4_ARCH = "sm_75"
+_NEEDS_SM80_RE = re.compile(r"Feature '([^']+)' requires \.target sm_80")
+_FEATURE_NAMES = {".m16n8k16": "mma.sync m16n8k16", "cp.async": "cp.async"}
+_ERROR_RE = re.compile(r"\berror\b", re.I)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="*", help=".cu files or folders (default: labs/ and solutions/)")
-    parser.add_argument("--arch", nargs="+", default=list(DEFAULT_ARCHS), help="targets, e.g. sm_90")
+    parser.add_argument("--arch", nargs="+", default=[*DEFAULT_ARCHS, T4_ARCH],
+                        help="targets, e.g. sm_90 (default: sm_80 sm_90 sm_75)")
     parser.add_argument("--resources", action="store_true",
                         help="print registers / shared memory / spills per kernel (nvcc only)")
 
@@ -96,6 +109,32 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
     return True, ""
 
 
+def sm80_features(log: str) -> list[str] | None:
+    """Returns the sm_80-only features a failed pre-sm_80 build names, when those are its only
+    errors (the file is fine, the target is too old); None when anything else failed.
+
+    Args:
+        log: nvcc's output for a pre-sm_80 target.
+    """
+    errors = [line for line in log.splitlines() if _ERROR_RE.search(line)]
+    features = [_FEATURE_NAMES.get(m.group(1), m.group(1)) for line in errors
+                for m in [_NEEDS_SM80_RE.search(line)] if m]
+    if not errors or len(features) != len(errors):
+        return None
+    return sorted(set(features))
+
+
+def unsupported_on(arch: str, path: Path, features: list[str]) -> str:
+    """The :class:`~reference.errors.UnsupportedConfigError` message for a file an old GPU cannot
+    run (what a launcher says on such a device, and what ``pagedlab compile`` prints)."""
+    from reference.errors import UnsupportedConfigError
+
+    return "UnsupportedConfigError: " + str(UnsupportedConfigError(
+        f"{path.name} needs compute capability 8.0 (sm_80) or newer: it uses "
+        f"{', '.join(features)}, which {arch} lacks (a T4 is sm_75). Run this stage on an "
+        f"sm_80+ GPU, or emulated on the CPU (PAGEDLAB_DEVICE=emulate)"))
+
+
 def main(args: argparse.Namespace) -> int:
     tool = compiler_available()
     if tool is None:
@@ -103,12 +142,21 @@ def main(args: argparse.Namespace) -> int:
               "toolkit or pip install -e '.[gpu]'", file=sys.stderr)
         return 2
     files = find_cu_files(args.paths)
-    failures = 0
+    old = [a for a in args.arch if a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) < 80]
+    new = [a for a in args.arch if a not in old]
+    failures = unsupported = 0
     for path in files:
-        ok, log = compile_cu(path, args.arch, resources=args.resources)
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {' '.join(args.arch)} {path} ({tool})")
-        if log and (not ok or args.resources):
-            print("    " + log.replace("\n", "\n    "))
-    print(f"\n{len(files)} files × {len(args.arch)} targets: {failures} failed")
+        for archs in ([new] if new else []) + [[a] for a in old]:
+            ok, log = compile_cu(path, archs, resources=args.resources)
+            features = sm80_features(log) if not ok and archs[0] in old and tool == "nvcc" else None
+            if features:
+                unsupported += 1
+                print(f"n/a  {archs[0]} {path} ({tool}): {unsupported_on(archs[0], path, features)}")
+                continue
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {' '.join(archs)} {path} ({tool})")
+            if log and (not ok or args.resources):
+                print("    " + log.replace("\n", "\n    "))
+    print(f"\n{len(files)} files × {len(args.arch)} targets: {failures} failed"
+          + (f", {unsupported} need sm_80 (not runnable on {', '.join(old)})" if unsupported else ""))
     return 1 if failures else 0
