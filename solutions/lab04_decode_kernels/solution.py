@@ -529,6 +529,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
     a group of 4 on fast HBM; v6's tensor cores do not care, and its cp.async ring keeps enough
     bytes in flight to match v4 even on MHA. Head size 256 goes to v4.
 
+    Cost: every call validates fully, plans the split and allocates its scratch (~100 µs of
+    host time); for repeated calls on one batch shape use :func:`plan_decode` and its ``run``.
+
     Args and Returns: as :func:`paged_attention_v4`.
     """
     fn = paged_attention_v6 if _prefers_v6(query, key_cache) else paged_attention_v4

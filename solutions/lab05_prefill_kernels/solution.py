@@ -364,6 +364,10 @@ def paged_prefill_tc(query, key_cache, value_cache, block_tables, cu_seqlens_q, 
     ``block_n = 64``. Arguments and return value as :func:`paged_prefill_naive`, and
     ``tc_tiling``, the CTA shape (``TC_TILING``: 4 warps of 32 rows; others for tuning sweeps,
     ``pagedlab bench prefill``; a plan passed in must have been made with the same one).
+
+    Cost: every call validates fully and, without ``plan=``, plans (reading ``cu_seqlens_q`` and
+    ``context_lens`` to the host: a synchronisation) and uploads the work list — hundreds of µs
+    of host time; for repeated calls on one batch use :func:`plan_prefill` and its ``run``.
     """
     shapes, plan, out_t = _prepare("tc", query, key_cache, value_cache, block_tables,
                                    cu_seqlens_q, context_lens, scale, alibi_slopes, causal, out,
