@@ -72,6 +72,8 @@ from labs.lab04_decode_kernels._launch import (  # noqa: F401  (re-exported: tes
     num_sms,
     table_args,
 )
+from labs.lab04_decode_kernels._plan import DecodePlan  # noqa: F401  (re-exported)
+from labs.lab04_decode_kernels._plan import plan_decode as _plan_decode
 from reference import cuda as rcuda
 from reference.checks import (  # noqa: F401
     check_array,
@@ -412,12 +414,42 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
     a group of 4 on fast HBM; v6's tensor cores do not care, and its cp.async ring keeps enough
     bytes in flight to match v4 even on MHA. Head size 256 goes to v4.
 
+    Cost: every call validates fully, plans the split and allocates its scratch (~100 µs of
+    host time); for repeated calls on one batch shape use :func:`plan_decode` and its ``run``.
+
     Args and Returns: as :func:`paged_attention_v4`.
     """
     fn = paged_attention_v6 if _prefers_v6(query, key_cache) else paged_attention_v4
     return fn(query, key_cache, value_cache, block_tables, context_lens, scale,
               max_context_len=max_context_len, plan=plan, return_lse=return_lse, out=out,
               debug=debug)
+
+
+def plan_decode(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
+                max_context_len=None, plan=None, version=None, tuning=None,
+                debug=None) -> DecodePlan:
+    """Plan once, run many: validates a batch shape once and returns a plan whose ``run``
+    launches your split-K kernels at a small host cost (given code, ``_plan.py``).
+
+    ``plan.run(query, key_cache, value_cache, block_tables, context_lens, out=...)`` checks
+    only shapes, dtypes, devices, contiguity and alignment against the plan (no device reads,
+    no synchronisation, nothing allocated when ``out`` is given: capturable in a CUDA graph).
+    The plan is made with your ``check_decode_args``, ``_prefers_v6``, ``plan_split_kv`` and
+    ``heads_per_cta``, so it works once they do.
+
+    Args:
+        query, key_cache, value_cache, block_tables, context_lens, scale, max_context_len,
+            plan, tuning, debug: as :func:`paged_attention_v4`; the tensors are examples of
+            the batch shape every run will have (a ``max_context_len`` bounds every run's
+            contexts; default: what the block table can address).
+        version: ``"v3"`` .. ``"v6"``, or None for :func:`paged_attention`'s choice.
+
+    Returns:
+        A ``DecodePlan`` (immutable).
+    """
+    return _plan_decode(globals(), query, key_cache, value_cache, block_tables, context_lens,
+                        scale, max_context_len=max_context_len, plan=plan, version=version,
+                        tuning=tuning, debug=debug)
 
 
 #: Every kernel version, in the order of the journey (benchmarks and tests iterate over it).

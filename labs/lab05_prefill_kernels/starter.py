@@ -58,6 +58,8 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     scalars,
     tiled_shared_bytes,
 )
+from labs.lab05_prefill_kernels._plan import PrefillPlan  # noqa: F401  (re-exported)
+from labs.lab05_prefill_kernels._plan import plan_prefill as _plan_prefill
 from reference.checks import (  # noqa: F401
     check_array,
     check_int,
@@ -269,6 +271,10 @@ def paged_prefill_tc(query, key_cache, value_cache, block_tables, cu_seqlens_q, 
     ``block_n = 64``. Arguments and return value as :func:`paged_prefill_naive`, and
     ``tc_tiling``, the CTA shape (``TC_TILING``: 4 warps of 32 rows; others for tuning sweeps,
     ``pagedlab bench prefill``; a plan passed in must have been made with the same one).
+
+    Cost: every call validates fully and, without ``plan=``, plans (reading ``cu_seqlens_q`` and
+    ``context_lens`` to the host: a synchronisation) and uploads the work list — hundreds of µs
+    of host time; for repeated calls on one batch use :func:`plan_prefill` and its ``run``.
     """
     shapes, plan, out_t = _prepare("tc", query, key_cache, value_cache, block_tables,
                                    cu_seqlens_q, context_lens, scale, alibi_slopes, causal, out,
@@ -279,3 +285,29 @@ def paged_prefill_tc(query, key_cache, value_cache, block_tables, cu_seqlens_q, 
     # (32 * tc_tiling.warps,), shared memory tc_tiling.shared_bytes(head_size), arguments as
     # the tiled kernel.
     raise NotImplementedError("TODO(lab5.5): paged_prefill_tc — launch the tensor-core kernel")
+
+
+def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                 *, kernel: str = "tc", alibi_slopes=None, causal: bool = True,
+                 tc_tiling: TcTiling = TC_TILING, debug: bool | None = None) -> PrefillPlan:
+    """Plan once, run many: validates a batch once and returns a plan whose ``run`` launches
+    your tiled or tensor-core kernel at a small host cost (given code, ``_plan.py``).
+
+    ``plan.run(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
+    out=...)`` checks only shapes, dtypes, devices, contiguity and alignment against the plan
+    (no device reads, no synchronisation, nothing allocated when ``out`` is given: capturable
+    in a CUDA graph); the lengths must keep the planned values. The plan is made with your
+    ``check_prefill_inputs`` and ``plan_query_tiles``, so it works once they do.
+
+    Args:
+        query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,
+            alibi_slopes, causal, tc_tiling, debug: as :func:`paged_prefill_tc`; the tensors
+            are examples of the batch every run will have.
+        kernel: ``"tc"`` (tensor cores) or ``"tiled"``.
+
+    Returns:
+        A ``PrefillPlan`` (immutable).
+    """
+    return _plan_prefill(globals(), query, key_cache, value_cache, block_tables, cu_seqlens_q,
+                         context_lens, scale, kernel=kernel, alibi_slopes=alibi_slopes,
+                         causal=causal, tc_tiling=tc_tiling, debug=debug)

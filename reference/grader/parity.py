@@ -214,10 +214,13 @@ def compare_python(starter: Path, solution: Path) -> list[str]:
 #: one or two lines that call the student's own TODO functions in launch order. Moving them to a
 #: given module would mean passing the student's functions in (and Lab 4's dispatch test swaps
 #: ``paged_attention_v4``/``v6`` in the lab module, which ``paged_attention`` must look up there).
+#: ``plan_decode`` / ``plan_prefill`` hand the module's ``globals()`` to the given plan code
+#: (``_plan.py``), so that a plan is built on the student's TODO functions as they are now.
 #: Anything else identical in both files is given code kept twice: keep it once in ``_*.py``.
 SHARED_GLUE = {
-    "lab04_decode_kernels": {"paged_attention_naive", "paged_attention_v3", "paged_attention"},
-    "lab05_prefill_kernels": {"plan_for_kernel", "_prepare"},
+    "lab04_decode_kernels": {"paged_attention_naive", "paged_attention_v3", "paged_attention",
+                             "plan_decode"},
+    "lab05_prefill_kernels": {"plan_for_kernel", "_prepare", "plan_prefill"},
 }
 #: The most statements a glue body may hold (more is logic, not glue).
 MAX_GLUE_STATEMENTS = 4

@@ -115,3 +115,43 @@ def flashinfer_or_reason():
         return flashinfer, None
     except Exception as exc:  # noqa: BLE001 — any import failure means "not measured"
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def host_us_per_call(fn, *, calls: int = 200, busy_ms: float = 50.0) -> float:
+    """Returns the host (CPU) time of one ``fn()`` call in microseconds, without any sync.
+
+    The GPU is first given ``busy_ms`` of work (``torch.cuda._sleep``), so the launches that
+    follow only queue: ``time.perf_counter`` around ``calls`` back-to-back calls then measures
+    the Python and driver work of a call, never a wait on the GPU (FlashInfer's ``run`` is
+    measured the same way, in the same run). The GPU drains after the timing.
+
+    Args:
+        fn: launches work on the current torch stream (no host sync inside).
+        calls: calls timed (the launch queue must hold them all: keep it in the hundreds).
+        busy_ms: the GPU's head start; it must outlast the calls' host time.
+
+    Returns:
+        Microseconds of host time per call.
+    """
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    # NOTE: _sleep spins for a number of clock cycles; at <= 2 GHz this is >= busy_ms.
+    torch.cuda._sleep(int(busy_ms * 2e6))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def launch_costs(fn) -> dict:
+    """Returns ``{"eager_us": ..., "host_us": ...}`` for a launcher: CUDA-event time of eager
+    back-to-back calls (what a notebook or an uncaptured serving loop sees: the slower of host
+    and kernel) and :func:`host_us_per_call`."""
+    return {"eager_us": time_cuda(fn, warmup=3, iters=20, repeats=7),
+            "host_us": host_us_per_call(fn)}

@@ -15,7 +15,11 @@ Bytes counted = the K and V rows of every cached token (sum of context_lens x kv
 size x 2 bytes x 2) + the query + the output. Each method's output is compared with SDPA's.
 Timing: CUDA events around a captured CUDA graph of back-to-back calls (no launch gaps, no
 Python overhead), median of repeats; a method whose capture fails is timed eagerly, and the
-row says so. The table goes to stdout, JSON and a PNG to ``--out``.
+row says so. ``paged_attention``, ``paged_attention plan.run`` (``plan_decode`` made once, then
+``run`` into a preallocated output) and FlashInfer's wrappers also get ``eager µs`` (CUDA events
+around back-to-back eager calls: what an uncaptured loop sees) and ``host µs`` (CPU time per
+call without a sync: ``time.perf_counter`` around 200 calls queued behind 50 ms of GPU work,
+``_gpu.host_us_per_call``). The table goes to stdout, JSON and a PNG to ``--out``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 import numpy as np
 
 from reference.tools.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
-from reference.tools.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, measure
+from reference.tools.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, launch_costs, measure
 from reference.tools.bench.decode_workloads import (DECODE_WORKLOADS, SWEEP_CONTEXT_LENS, SWEEP_NUM_SEQS,
                                         TARGET_OF_CEILING, TARGET_VS_FLASHINFER, DecodeWorkload)
 from reference.loader import describe_impl, load_impl
@@ -173,6 +177,9 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
             continue
         kwargs = {"max_context_len": max_len} if version in SPLIT_K else {}
         methods.append((version, lambda fn=fn, kw=kwargs: fn(*args, batch["scale"], **kw), None))
+    plan_run = plan_run_method(impl, args, batch["scale"], max_len, only)
+    if plan_run is not None:
+        methods.append(plan_run)
     if variants:
         for version, tunings in (("v4", V4_VARIANTS), ("v6", V6_VARIANTS)):
             methods += variant_methods(impl, version, tunings, w, args, batch["scale"], max_len)
@@ -190,13 +197,17 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
                 ref = out.clone()
             row.update(us=us, gbps=nbytes / (us * 1e-6) / 1e9, timing=how, max_err=max_err(out, ref))
             row["pct_ceiling"] = 100 * row["gbps"] / ceiling
+            if name in LAUNCH_COST_METHODS:
+                row.update(launch_costs(fn))
         except Exception as exc:  # noqa: BLE001 — a broken method is a row, not a crash
             torch.cuda.synchronize()
             row["note"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
         print(f"  {w.name:3s} {name:28s} "
               + (f"{row['us']:10.1f} us {row['pct_ceiling']:6.1f} %  err {row['max_err']:.1e}  ({row['timing']})"
-                 if "us" in row else row.get("note", "")), flush=True)
+                 if "us" in row else row.get("note", ""))
+              + (f"  eager {row['eager_us']:.1f} us, host {row['host_us']:.1f} us"
+                 if "host_us" in row else ""), flush=True)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     for row in rows:
         if row["method"] in SPLIT_K:
@@ -205,6 +216,26 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
     del batch, args, methods, ref
     torch.cuda.empty_cache()
     return rows
+
+
+#: Rows that also get eager and host-µs timings (launch_costs): the production entry point
+#: one-call and planned, and FlashInfer's wrappers (whose run is its planned path).
+PLAN_RUN = "paged_attention plan.run"
+LAUNCH_COST_METHODS = ("flashinfer", "flashinfer-tc", "paged_attention", PLAN_RUN)
+
+
+def plan_run_method(impl, args, scale: float, max_len: int, only: list[str] | None):
+    """(PLAN_RUN, fn, why) timing ``plan_decode(...).run`` into a preallocated output (the plan
+    made once, outside the timing), or None for an implementation without plan_decode."""
+    if not hasattr(impl, "plan_decode") or (only is not None and PLAN_RUN not in only
+                                            and "paged_attention" not in only):
+        return None
+    try:
+        plan = impl.plan_decode(*args, scale, max_context_len=max_len)
+    except NotImplementedError:
+        return None  # a starter without its TODOs: the one-call rows say which
+    out = args[0].new_empty(args[0].shape)
+    return PLAN_RUN, lambda: plan.run(*args, out=out), None
 
 
 def plan_label(impl, method: str, w: DecodeWorkload, batch: dict, max_len: int,
@@ -358,6 +389,7 @@ def plot(payload: dict, path) -> None:
 
 
 COLUMNS = [("workload", "wl", ""), ("method", "method", ""), ("us", "µs", ".1f"),
+           ("eager_us", "eager µs", ".1f"), ("host_us", "host µs", ".1f"),
            ("gbps", "GB/s", ".0f"), ("pct_ceiling", "% copy", ".1f"), ("vs_sdpa", "× SDPA", ".2f"),
            ("vs_flashinfer", "× FI best", ".2f"), ("max_err", "max err", ".1e"),
            ("plan", "split", ""), ("note", "note", "")]

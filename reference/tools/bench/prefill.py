@@ -11,6 +11,10 @@ lab kernels, a contiguous copy of it for SDPA (GQA through ``enable_gqa``, and a
 aligned causal mask when queries follow history, P2).
 
 The tensor-core kernel's target: at least 0.5 x FlashInfer on every workload, same run.
+
+Rows ``tiled plan.run`` / ``tc plan.run`` time ``plan_prefill(...).run`` (made once). The tc
+rows and FlashInfer's also report ``eager µs`` (CUDA events around back-to-back eager calls)
+and ``host µs`` (CPU time per call without a sync, ``_gpu.host_us_per_call``).
 """
 
 from __future__ import annotations
@@ -143,6 +147,17 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def plan_run_fn(impl, kernel: str, batch: dict):
+    """``plan_prefill(...).run`` of one kernel on a batch, into a preallocated output (the plan
+    made here, once, outside the timing)."""
+    args = [batch[k] for k in ("query", "key_cache", "value_cache", "block_tables",
+                               "cu_seqlens_q", "context_lens")]
+    plan = impl.plan_prefill(*args, batch["scale"], kernel=kernel,
+                             alibi_slopes=batch.get("alibi_slopes"))
+    out = batch["query"].new_empty(batch["query"].shape)
+    return lambda: plan.run(*args, alibi_slopes=batch.get("alibi_slopes"), out=out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedlab bench prefill", description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=None, help="names (default: all)")
@@ -160,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from reference.tools.bench._gpu import flashinfer_or_reason, gemm_ceiling_tflops, measure
+    from reference.tools.bench._gpu import (flashinfer_or_reason, gemm_ceiling_tflops,
+                                            launch_costs, measure)
 
     impl = load_impl(LAB)
     common, workloads = load_workloads()
@@ -177,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         flops = 4 * common["num_q_heads"] * common["head_size"] * pairs
         found: dict[str, dict] = {}
 
-        def record(name, fn, note="", reference_out=None):
+        def record(name, fn, note="", reference_out=None, costs=False):
             # CUDA-graph replays: a ~0.2 ms kernel's Python launch path must not be timed.
             us, how, out = measure(fn)
             note = f"{note}; timed: {how}" if note else f"timed: {how}"
             row = {"workload": wl["name"], "impl": name, "us": us, "ms": us / 1e3,
                    "tflops": flops / (us * 1e-6) / 1e12, "note": note}
+            if costs:  # eager back-to-back calls, and host µs per call (_gpu.launch_costs)
+                row.update(launch_costs(fn))
+                note += f"; eager {row['eager_us']:.1f} us, host {row['host_us']:.1f} us"
             row["pct_gemm"] = 100 * row["tflops"] / gemm
             if reference_out is not None:
                 row["rel_err_vs_sdpa"] = rel_err(out, reference_out)
@@ -196,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         if fi is not None:
             try:
                 fn, backend = flashinfer_fn(fi, batch, common, wl)
-                record("FlashInfer", fn, f"paged, backend {backend}", ref)
+                record("FlashInfer", fn, f"paged, backend {backend}", ref, costs=True)
             except Exception as exc:  # noqa: BLE001 — report, keep measuring the rest
                 print(f"  FlashInfer failed: {type(exc).__name__}: {exc}")
                 fi_reason = f"{type(exc).__name__}: {exc}"
@@ -220,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                     fn = getattr(impl, f"paged_prefill_{kernel}")
                     name = kernel if variant is None else f"{kernel} ({variant})"
                     record(name, lambda fn=fn, plan=plan, kw=tiling: fn(**batch, plan=plan, **kw),
-                           "plan made once, outside the timing", ref)
+                           "plan made once, outside the timing", ref,
+                           costs=variant is None and kernel == "tc")
+                    if variant is None and kernel in ("tiled", "tc") and hasattr(impl, "plan_prefill"):
+                        record(f"{kernel} plan.run", plan_run_fn(impl, kernel, batch),
+                               "plan_prefill made once, run into a preallocated out", ref,
+                               costs=kernel == "tc")
                 except Exception as exc:  # noqa: BLE001 — a tuning variant may not exist
                     print(f"  {wl['name']} {kernel} {variant or ''}: failed: {type(exc).__name__}: {exc}")
                     if variant is None:
@@ -236,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(format_table(rows, [("workload", "workload", ""), ("impl", "implementation", ""),
-                              ("ms", "ms", ".3f"), ("tflops", "TFLOP/s", ".1f"),
+                              ("ms", "ms", ".3f"), ("eager_us", "eager µs", ".1f"),
+                              ("host_us", "host µs", ".1f"), ("tflops", "TFLOP/s", ".1f"),
                               ("pct_gemm", "% GEMM", ".1f"), ("x_sdpa", "x SDPA", ".2f"),
                               ("x_flashinfer", "x FlashInfer", ".2f"),
                               ("rel_err_vs_sdpa", "rel err vs SDPA", ".1e")]))

@@ -1,0 +1,223 @@
+"""Plan once, run many: the shared machinery of Lab 4's ``plan_decode`` and Lab 5's
+``plan_prefill`` (given code, not lab content).
+
+A *plan* is made once for a batch shape. It validates everything that can be validated once
+(with the student's own checks), resolves the compiled kernel, the grid, block and dynamic
+shared memory, and allocates scratch. Its ``run`` then checks only what may change per call
+and costs O(1) attribute reads — shape, dtype, device, contiguity, 16-byte alignment of each
+tensor, never a read of device memory — and launches on the current torch stream. That is the
+split of FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper.plan`` / ``.run`` and of vLLM's
+attention metadata builders (build the metadata once per step, reuse it in every layer).
+
+What this module holds:
+
+* :class:`FrozenPlan`, a base whose instances refuse attribute assignment after construction;
+* :class:`TensorSpec` and :func:`check_like`, the per-call check of one tensor against the plan;
+* :class:`KernelLaunch`, one kernel launch with everything but its pointer arguments resolved:
+  on a GPU it launches on the current torch stream through a cached CuPy stream wrapper; under
+  ``PAGEDLAB_DEVICE=emulate`` it runs the emulator instead;
+* :func:`with_null_launches`, a copy of a plan whose launches do nothing, for measuring the
+  Python host cost of ``run`` on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import cuda as rcuda
+from reference.errors import DeviceMismatchError
+
+
+class FrozenPlan:
+    """Base of the plans: attributes are set once, in ``__init__``, through :meth:`_set`.
+
+    NOTE: a plan is shared by every call that runs it (and baked into CUDA graphs captured
+    from it), so changing one in place would silently change them all: make a new plan.
+    """
+
+    def _set(self, **values) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable (it cannot set {name!r}): a "
+                             f"plan is shared by every run and captured graph; make a new plan")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable (it cannot delete {name!r})")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a plan expects of one tensor argument of ``run``.
+
+    Attributes:
+        shape: the exact shape planned.
+        dtype: the torch dtype planned.
+        device: the torch device planned.
+        align: the byte alignment the kernels need of its first element (1: none).
+        kind: the tensor type (``torch.Tensor``).
+    """
+
+    shape: tuple
+    dtype: object
+    device: object
+    align: int = 1
+    kind: type = object
+
+
+def spec_of(x, align: int = 1) -> TensorSpec:
+    """Returns the :class:`TensorSpec` of a (validated) torch tensor."""
+    return TensorSpec(tuple(x.shape), x.dtype, x.device, align, type(x))
+
+
+def check_like(name: str, x, spec: TensorSpec):
+    """The per-call check of one ``run`` argument: O(1) attribute reads, no device access.
+
+    Args:
+        name: the argument's name, for the message.
+        x: what the caller passed (a torch tensor; a CuPy array is viewed as one).
+        spec: what the plan was made for.
+
+    Returns:
+        ``x`` as a torch tensor.
+
+    Raises:
+        TypeError: not a tensor, or another dtype than planned.
+        ValueError: another shape than planned, not contiguous, or misaligned.
+        DeviceMismatchError: on another device than planned.
+    """
+    # NOTE: one short-circuiting test on the path every run takes; the messages are built
+    # only when something is wrong.
+    if (type(x) is spec.kind and x.shape == spec.shape and x.dtype == spec.dtype
+            and x.device == spec.device and x.is_contiguous() and not x.data_ptr() % spec.align):
+        return x
+    return _explain(name, x, spec)
+
+
+def _explain(name: str, x, spec: TensorSpec):
+    """The slow path of :func:`check_like`: a CuPy array, a subclass, or the typed error."""
+    if not isinstance(x, spec.kind):
+        if not rcuda.is_cupy(x):
+            raise TypeError(f"{name} must be a torch tensor or a CuPy array, got "
+                            f"{type(x).__name__}")
+        x = rcuda.as_torch(x)
+    if x.shape != spec.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)} but the plan was made for "
+                         f"{spec.shape}: a new batch shape needs a new plan")
+    if x.dtype != spec.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but the plan was made for {spec.dtype}")
+    if x.device != spec.device:
+        raise DeviceMismatchError(f"{name} is on {x.device} but the plan was made for "
+                                  f"{spec.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (the kernels index it densely)")
+    if x.data_ptr() % spec.align:
+        raise ValueError(f"{name} must start on a {spec.align}-byte boundary (the kernels load "
+                         f"16 bytes at a time); it is a view with an odd offset")
+    return x
+
+
+#: CuPy wrappers of torch streams, by raw stream handle (one wrapper per stream, made once).
+_CUPY_STREAMS: dict[int, object] = {}
+
+
+def _cupy_stream(torch_stream):
+    """Returns the cached CuPy wrapper of a torch stream (made on first use)."""
+    handle = torch_stream.cuda_stream
+    wrapped = _CUPY_STREAMS.get(handle)
+    if wrapped is None:
+        import cupy
+
+        wrapped = _CUPY_STREAMS[handle] = cupy.cuda.ExternalStream(handle)
+    return wrapped
+
+
+class KernelLaunch(FrozenPlan):
+    """One kernel launch resolved at plan time: the compiled kernel, grid, block and dynamic
+    shared memory, and the device. Calling it with the argument tuple launches on the current
+    torch stream of the plan's device (the emulator runs it under ``PAGEDLAB_DEVICE=emulate``).
+
+    Attributes:
+        kernel: the ``cupy.RawKernel`` (or the emulator's kernel).
+        grid: grid dimensions.
+        block: block dimensions.
+        shared_mem: dynamic shared memory in bytes.
+        device: the torch device it launches on.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared_mem", "device", "_emulated", "_cupy_device")
+
+    def __init__(self, kernel, grid, block, shared_mem: int, device):
+        emulated = type(kernel).__name__ == "EmulatedKernel"
+        cupy_device = None
+        if not emulated:
+            import cupy
+
+            cupy_device = cupy.cuda.Device(device.index or 0)
+            # NOTE: raising the dynamic shared-memory limit is a driver call: once, here.
+            if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
+                kernel.max_dynamic_shared_size_bytes = shared_mem
+        self._set(kernel=kernel, grid=tuple(grid), block=tuple(block), shared_mem=int(shared_mem),
+                  device=device, _emulated=emulated, _cupy_device=cupy_device)
+
+    def __call__(self, args: tuple) -> None:
+        """Launches with ``args`` (pointers from :meth:`ptr`, NumPy scalars)."""
+        if self._emulated:
+            from reference import emulate
+
+            emulate.launch(self.kernel, self.grid, self.block, args, self.shared_mem)
+            return
+        import torch
+
+        with self._cupy_device, _cupy_stream(torch.cuda.current_stream(self.device)):
+            self.kernel(self.grid, self.block, args, shared_mem=self.shared_mem)
+
+    @property
+    def emulated(self) -> bool:
+        """True when it runs on the emulated device."""
+        return self._emulated
+
+
+def ptr_function(device):
+    """Returns the pointer conversion ``run`` uses for tensors on ``device``: a raw address on a
+    GPU, the emulator's fenced host array for CPU tensors under emulation."""
+    if device.type == "cpu":
+        return rcuda.ptr
+    return _address
+
+
+def _address(x) -> np.uint64:
+    return np.uint64(x.data_ptr())
+
+
+class _NullLaunch:
+    """A launch that does nothing (host-cost measurement without a GPU)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, args: tuple) -> None:
+        self.calls += 1
+
+
+def with_null_launches(plan):
+    """Returns a copy of ``plan`` whose kernel launches do nothing and whose pointers are raw
+    addresses, as on a GPU: timing its ``run`` measures the Python host cost of the checks and
+    the argument packing, everything but CuPy's launch itself. For CPU-only measurements.
+
+    Args:
+        plan: a plan with ``_launches`` (a tuple of launches) and ``_ptr``.
+
+    Returns:
+        The copy (the original is unchanged).
+    """
+    clone = copy.copy(plan)
+    object.__setattr__(clone, "_launches", tuple(_NullLaunch() for _ in plan._launches))
+    object.__setattr__(clone, "_ptr", _address)
+    return clone
