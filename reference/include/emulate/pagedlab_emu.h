@@ -58,6 +58,14 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+// NOTE: every standard header the emulator uses is included here, before the CUDA keyword macros
+// below: newer libstdc++ (GCC 13+) spells __attribute__((__noinline__)) in its headers, which
+// the __noinline__ macro would break if such a header came after it.
+#include <algorithm>
+#include <csetjmp>
+#include <csignal>
+#include <string>
+#include <vector>
 
 #define PL_EXPORT extern "C" __attribute__((visibility("default")))
 #define PL_HIDDEN __attribute__((visibility("hidden")))
