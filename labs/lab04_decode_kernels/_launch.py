@@ -185,7 +185,6 @@ V6_KERNEL = SplitKVKernel("decode_v6.cu", "paged_decode_v6", head_sizes=V6_HEAD_
 # ----------------------------------------------------------------------------- compile, launch
 
 
-@functools.lru_cache(maxsize=None)
 def get_kernel(cu_path: Path, name: str, options: tuple[str, ...]):
     """Returns a compiled kernel (one module per file and option set, compiled once).
 
@@ -197,6 +196,13 @@ def get_kernel(cu_path: Path, name: str, options: tuple[str, ...]):
     Returns:
         A ``cupy.RawKernel``.
     """
+    # NOTE: the emulated device and the GPU compile different things from the same file: the
+    # mode is part of the cache key (one process may run both, as the test suite does).
+    return _compiled_kernel(cu_path, name, options, rcuda.emulating())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_kernel(cu_path: Path, name: str, options: tuple[str, ...], emulated: bool):
     return rcuda.get_kernel(cu_path, name, options=options)
 
 
