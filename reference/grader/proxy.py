@@ -19,6 +19,12 @@ call that may have run student code was sent or answered since (``WorkerClient._
 NOTE: a worker that lies about purity only keeps its own, earlier values in view longer —
 values its code could have returned anyway; what crosses is still rebuilt by the codec.
 
+Call-backs: a trusted object a test passes to student code (an allocator, a model, a function)
+crosses as a *reverse handle*; the worker's stub sends its method calls back, and the thread
+that is reading replies runs them here, on the trusted object, with codec-decoded arguments
+(:meth:`WorkerClient._serve_callback`): public names only (no ``_``), a few operators, never
+anything unpickled or imported. Modules and classes are never handed over.
+
 NOTE: a ``Remote`` never forwards ``==`` against a plain value (only against another handle):
 a student object claiming to equal everything compares equal to nothing the test wrote.
 """
@@ -29,6 +35,8 @@ import builtins
 import collections
 import itertools
 import os
+import pwd
+import types
 import subprocess
 import sys
 import threading
@@ -39,14 +47,26 @@ import msgpack
 
 from reference import errors as reference_errors
 from reference.grader.codec import Codec
-from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, make_worker_home, worker_command
-from reference.grader.worker import FrameReader, frame_header, write_all
+from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
+                                      make_worker_home, worker_command)
+from reference.grader.shared import TrustedShared
+from reference.grader.worker import FrameReader, _describe_exception, frame_header, write_all
 from reference.paths import REPO_ROOT
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
 OUTPUT_TAIL_BYTES = 64 * 1024
 #: The packed empty list: the copy-back part of most replies (nothing to unpack then).
 _EMPTY_LIST = b"\x90"
+#: What a call-back may do to a trusted object besides its public attributes and methods.
+CALLBACK_OPS = {
+    "len": len,
+    "bool": bool,
+    "iter": lambda obj: list(obj),
+    "getitem": lambda obj, key: obj[key],
+    "contains": lambda obj, item: item in obj,
+    "repr": lambda obj: repr(obj)[:20000],
+    "str": lambda obj: str(obj)[:20000],
+}
 
 
 class RemoteError(Exception):
@@ -194,7 +214,14 @@ class WorkerClient:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
         self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        self._codec = Codec(self._to_handle, self._from_handle)
+        self._shared = TrustedShared(pwd.getpwnam(WORKER_USER).pw_uid)
+        self._codec = Codec(self._to_handle, self._from_handle,
+                            self._shared.reference if self._shared.enabled else None,
+                            self._shared.view if self._shared.enabled else None)
+        # Trusted objects handed to student code, by reverse-handle id (kept alive: the
+        # worker may call them at any time while it lives).
+        self._trusted: dict[int, Any] = {}
+        self._trusted_ids: dict[int, int] = {}
         self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self._handle_lock = threading.Lock()
         self._pending: dict[int, _Slot] = {}
@@ -217,11 +244,31 @@ class WorkerClient:
     def _to_handle(self, obj: Any) -> list:
         if isinstance(obj, Remote) and obj._client is self:
             return [obj._hid]
-        raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be passed "
-                        f"to student code when grading isolated: only plain values, numeric "
-                        f"arrays/tensors and objects the student code returned can")
+        if isinstance(obj, (Remote, RemoteMethod, types.ModuleType, type)):
+            raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
+                            f"passed to student code when grading isolated: only plain values, "
+                            f"numeric arrays/tensors, objects the student code returned, and "
+                            f"trusted instances and functions (as call-backs) can")
+        return self._reverse_handle(obj)
 
-    def _from_handle(self, payload: list) -> Remote:
+    def _reverse_handle(self, obj: Any) -> list:
+        """Returns ``[rid, class name, public method names]`` of a trusted object."""
+        with self._handle_lock:
+            rid = self._trusted_ids.get(id(obj))
+            if rid is None:
+                rid = self._trusted_ids[id(obj)] = len(self._trusted) + 1
+                self._trusted[rid] = obj
+        cls = type(obj)
+        methods = sorted(n for n in dir(cls) if not n.startswith("_")
+                         and callable(getattr(cls, n, None)))
+        return [rid, f"{cls.__module__}.{cls.__qualname__}", methods]
+
+    def _from_handle(self, payload: list) -> Any:
+        if len(payload) == 1:
+            rid = payload[0]
+            if type(rid) is not int or rid not in self._trusted:
+                raise TypeError("the worker named a trusted object it was never given")
+            return self._trusted[rid]
         hid, type_name, methods, attrs = payload
         with self._handle_lock:
             handle = self._handles.get(hid)
@@ -306,14 +353,19 @@ class WorkerClient:
                 return
             if self._read_lock.acquire(blocking=False):
                 try:
-                    self._read_until(slot)
+                    callback = self._read_until(slot)
                 finally:
                     self._read_lock.release()
                     self._wake_a_waiter()
+                if callback is not None:
+                    # NOTE: run with the read lock let go: the call-back may call the worker
+                    # itself, and other threads' replies must still be read meanwhile.
+                    self._serve_callback(*callback)
                 continue
             slot.event.wait(0.25)
 
-    def _read_until(self, slot: _Slot) -> None:
+    def _read_until(self, slot: _Slot) -> tuple | None:
+        """Reads replies until ``slot``'s; returns early with a call-back to run."""
         while slot.reply is None and not self.dead:
             frame = self._reader.read()
             if frame is None:
@@ -322,12 +374,39 @@ class WorkerClient:
                                 f"while a call ran: os._exit, a crash or a kill — no points for "
                                 f"that test{self.output_tail()}")
                 return
-            req_id, status, payload, back, pure = msgpack.unpackb(frame, raw=False)
+            message = msgpack.unpackb(frame, raw=False)
+            if len(message) == 3:
+                return message[0], message[2]  # [callback id, "cb", body]
+            req_id, status, payload, back, pure = message
             other = self._pending.get(req_id)
             if other is not None:
                 other.reply = (status, payload, back, pure)
                 if other is not slot:
                     other.event.set()
+
+    def _serve_callback(self, cb_id: Any, body: Any) -> None:
+        """Runs one call-back on a trusted object and sends its answer to the worker.
+
+        NOTE: the worker is not trusted: only objects it was handed, only public names and
+        :data:`CALLBACK_OPS`; arguments are codec-decoded values, the worker's own handles and
+        the trusted objects it was handed.
+        """
+        try:
+            op, target, name, args, kwargs = self._decode(body, self._epoch)
+            rid = self._trusted_ids.get(id(target))
+            if rid is None or self._trusted.get(rid) is not target:
+                raise TypeError("a call-back may reach only trusted objects handed to student code")
+            result = _run_callback(op, target, name, args, kwargs)
+            answer = [0, result]
+            packed = self._codec.pack([cb_id, "cbreply", None, None, answer, {}])
+        except Exception as exc:  # noqa: BLE001 — every failure goes back as data
+            packed = self._codec.pack([cb_id, "cbreply", None, None,
+                                       [1, _describe_exception(exc)], {}])
+        try:
+            with self._send_lock:
+                write_all(self._out_fd, frame_header(len(packed)) + packed)
+        except OSError:
+            pass  # the worker is gone: the call waiting for it learns so
 
     def _wake_a_waiter(self) -> None:
         """Wakes one thread still waiting for a reply, to read in turn."""
@@ -362,6 +441,30 @@ class WorkerClient:
             self.proc.kill()
         except ProcessLookupError:
             pass
+
+
+def _run_callback(op: Any, target: Any, name: Any, args: Any, kwargs: Any) -> Any:
+    if type(args) is not list or type(kwargs) is not dict \
+            or not all(type(k) is str for k in kwargs):
+        raise TypeError("malformed call-back arguments")
+    if op == "op":
+        if name not in CALLBACK_OPS:
+            raise TypeError(f"operation {name!r} is not allowed on a trusted object")
+        return CALLBACK_OPS[name](target, *args)
+    if op == "call":
+        if not callable(target):
+            raise TypeError(f"a {type(target).__qualname__} cannot be called from student code")
+        return target(*args, **kwargs)
+    if op not in ("getattr", "callmethod") or type(name) is not str or name.startswith("_") \
+            or not name.isidentifier():
+        raise AttributeError(f"{name!r}: student code may use only public attributes of a "
+                             f"trusted object")
+    value = getattr(target, name)
+    if op == "getattr":
+        return value
+    if not callable(value) or isinstance(value, type):
+        raise TypeError(f"{name!r} is not a method")
+    return value(*args, **kwargs)
 
 
 def _exit_text(code: int) -> str:
