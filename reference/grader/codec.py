@@ -244,18 +244,50 @@ def _tensor_fields(torch, obj) -> list:
         raise TypeError(f"a torch.Tensor of dtype {t.dtype} cannot cross the grading boundary")
     if t.is_meta:
         return [str(t.dtype), list(t.shape), b"", "meta"]  # NOTE: shape and dtype only, no data
+    if t.device.type == "cpu" and not _compact(t):
+        # A view (strided, sliced, at an offset): its whole storage crosses with the view's
+        # stride and offset, so the other side sees the same layout and the same alignment
+        # (offset modulo 16 bytes), which Lab 4's validation checks.
+        # NOTE: CUDA views still cross compacted (a copy); CUDA IPC would keep them as they are.
+        storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+        return [str(t.dtype), list(t.shape), storage.numpy().tobytes(), "cpu", list(t.stride()),
+                t.storage_offset() * t.element_size()]
     host = t.to("cpu").contiguous().reshape(-1)
     raw = host.view(torch.uint8).numpy().tobytes() if host.numel() else b""
     return [str(t.dtype), list(t.shape), raw, str(t.device)]
 
 
+def _compact(t) -> bool:
+    """True when ``t`` is its whole storage, contiguous from its first byte."""
+    return t.is_contiguous() and t.storage_offset() == 0 and \
+        t.numel() * t.element_size() == t.untyped_storage().nbytes()
+
+
+def _rebuild_view(torch, dtype, shape: list, raw: bytes, stride: list, byte_offset: int):
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if not (all(type(v) is int and v >= 0 for v in (*shape, *stride, byte_offset))
+            and len(shape) == len(stride) and byte_offset % itemsize == 0):
+        raise TypeError("a malformed tensor view")
+    if all(shape) and byte_offset + itemsize * (1 + sum((n - 1) * s for n, s in
+                                                       zip(shape, stride))) > len(raw):
+        raise TypeError("a tensor view reaching past its storage")
+    # NOTE: torch's allocator, not a bytearray: the storage starts aligned as any other does.
+    storage = torch.empty(len(raw), dtype=torch.uint8)
+    if raw:
+        storage.numpy()[:] = np.frombuffer(raw, dtype=np.uint8)
+    return torch.empty(0, dtype=dtype).set_(storage.untyped_storage(), byte_offset // itemsize,
+                                            shape, stride)
+
+
 def _rebuild_tensor(fields: list):
     import torch
 
-    dtype_name, shape, raw, device = fields
+    dtype_name, shape, raw, device = fields[:4]
     dtype = _torch_dtype(dtype_name)
     if dtype not in _TORCH_OK(torch):
         raise TypeError(f"a torch.Tensor of dtype {dtype} cannot cross the grading boundary")
+    if len(fields) == 6 and device == "cpu":
+        return _rebuild_view(torch, dtype, shape, raw, *fields[4:])
     if device == "meta":
         return torch.empty(shape, dtype=dtype, device="meta")
     if not raw:

@@ -28,7 +28,7 @@ import types
 import msgpack
 import numpy as np
 
-from reference.grader.codec import Codec
+from reference.grader.codec import EXT_HANDLE, Codec
 from reference.grader.shared import WorkerShared
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
@@ -483,7 +483,15 @@ class Worker:
             # writes to it must reach the worker, and its views must alias it.
             self._local.move = op == "getattr"
             try:
-                status, payload = 0, self._codec.pack(result)
+                if type(result) in _LIVE_TYPES and not pure and op != "op" \
+                        and sys.getrefcount(result) > _FRESH_REFS:
+                    # NOTE: a list (dict, set) the student's object still holds: in one process
+                    # the caller would hold that very list, and editing it would edit the
+                    # object. It stays here as a handle, so that is what happens isolated too.
+                    status, payload = 0, self._codec.pack(msgpack.ExtType(
+                        EXT_HANDLE, self._codec.pack(self._table.handle(result))))
+                else:
+                    status, payload = 0, self._codec.pack(result)
             finally:
                 self._local.move = False
         except BaseException as exc:  # noqa: BLE001 — every failure goes back as data
@@ -517,7 +525,13 @@ class Worker:
         raise ValueError(f"unknown request {op!r}")
 
 
+#: Containers returned as handles when something else still holds them (see Worker._answer).
+_LIVE_TYPES = frozenset({list, dict, set, bytearray})
+#: References to a fresh result inside Worker._answer: its local name and getrefcount's argument.
+_FRESH_REFS = 2
+
 _OPS = {
+    "value": lambda obj: type(obj)(obj) if type(obj) in _LIVE_TYPES else None,
     "len": len,
     "iter": lambda obj: list(obj),
     "getitem": lambda obj, key: obj[key],
