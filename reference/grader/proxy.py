@@ -418,6 +418,10 @@ class WorkerClient:
         except OSError:
             pass  # the worker is gone: the call waiting for it learns so
 
+    def count_torch_calls(self) -> "WorkerTorchCalls":
+        """Returns a context manager counting the torch calls student code makes in the worker."""
+        return WorkerTorchCalls(self)
+
     def _wake_a_waiter(self) -> None:
         """Wakes one thread still waiting for a reply, to read in turn."""
         for other in list(self._pending.values()):
@@ -475,6 +479,26 @@ def _run_callback(op: Any, target: Any, name: Any, args: Any, kwargs: Any) -> An
     if not callable(value) or isinstance(value, type):
         raise TypeError(f"{name!r} is not a method")
     return value(*args, **kwargs)
+
+
+class WorkerTorchCalls:
+    """``with`` it: ``.count`` is then the number of torch calls the worker's student code made.
+
+    NOTE: what the worker reports; a dishonest worker can lie about it as student code in one
+    process can dodge a ``TorchFunctionMode``: it is a check on honest mistakes (a Python loop
+    over tokens), not a security boundary.
+    """
+
+    def __init__(self, client: WorkerClient) -> None:
+        self._client, self.count = client, 0
+
+    def __enter__(self) -> "WorkerTorchCalls":
+        self._client.request("count_torch_calls", None, "start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        count = self._client.request("count_torch_calls", None, "stop")
+        self.count = count if type(count) is int else 0
 
 
 def _exit_text(code: int) -> str:

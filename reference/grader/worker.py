@@ -400,6 +400,8 @@ class Worker:
         self._codec = Codec(self._table.handle, self._table.get, self._share, self._shared.view)
         self._table.codec, self._table.worker = self._codec, self
         self._callbacks: dict[int, _Waiter] = {}
+        # [count] while a test counts the torch calls student code makes (None otherwise).
+        self._torch_calls: list[int] | None = None
         self._callback_ids = iter(range(1, 1 << 62))
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -449,7 +451,13 @@ class Worker:
         (and call-backs) go on meanwhile.
         """
         cb_id = next(self._callback_ids)
-        body = self._codec.pack([op, stub, name, list(args), dict(kwargs or {})])
+        # NOTE: tensors lent to trusted code (a model writing K/V into the engine's cache) go
+        # by reference, as in one process: its writes must land in the worker's tensors.
+        self._local.move = True
+        try:
+            body = self._codec.pack([op, stub, name, list(args), dict(kwargs or {})])
+        finally:
+            self._local.move = False
         waiter = self._callbacks[cb_id] = _Waiter()
         self._ensure_reader()
         envelope = msgpack.packb([cb_id, "cb", body], use_bin_type=True)
@@ -477,7 +485,12 @@ class Worker:
             # NOTE: decided before the call: a pure read runs no student code.
             pure = op == "snap" or (op == "getattr" and _pure_getattr(target, name))
             originals = _array_bytes(args, kwargs)
-            result = self._run(op, target, name, args, kwargs)
+            counter = self._torch_calls
+            if counter is not None and op in _COUNTED_OPS:
+                with _TorchCallCounter(counter):
+                    result = self._run(op, target, name, args, kwargs)
+            else:
+                result = self._run(op, target, name, args, kwargs)
             copyback = _changed_arrays(args, kwargs, originals) if originals else []
             # An attribute that is a tensor (a pool's cache) crosses by reference: the tests'
             # writes to it must reach the worker, and its views must alias it.
@@ -522,7 +535,31 @@ class Worker:
             return getattr(target, name)(*args, **kwargs)
         if op == "op":
             return _OPS[name](target, *args)
+        if op == "count_torch_calls":
+            # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
+            # student's code runs: here. start -> None; stop -> the count since start.
+            if name == "start":
+                self._torch_calls = [0]
+                return None
+            counter, self._torch_calls = self._torch_calls, None
+            return counter[0] if counter else 0
         raise ValueError(f"unknown request {op!r}")
+
+
+#: Requests whose student code a torch-call count covers.
+_COUNTED_OPS = frozenset({"call", "callmethod", "getattr", "setattr", "op"})
+
+
+def _TorchCallCounter(counter: list):  # noqa: N802 — a class made on first use (torch is heavy)
+    """Returns a torch function mode adding every torch call made inside it to ``counter[0]``."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counter(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            counter[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Counter()
 
 
 #: Containers returned as handles when something else still holds them (see Worker._answer).
