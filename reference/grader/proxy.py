@@ -73,6 +73,10 @@ _LIVE_CONTAINERS = frozenset({"builtins.list", "builtins.dict", "builtins.set",
                               "builtins.bytearray"})
 
 
+#: .active: this thread is running a call-back for the worker.
+_CALLBACK_THREAD = threading.local()
+
+
 class RemoteError(Exception):
     """An exception raised in student code whose class is neither a builtin nor a reference error."""
 
@@ -111,7 +115,10 @@ class Remote:
                 value = attrs[name]
                 # A fresh container each read, as a round trip would give.
                 return value.copy() if type(value) in (list, dict, set) else value
-        value = self._client.request("getattr", self, name)
+        # NOTE: read by trusted code serving a call-back (a model reading a step's inputs), a
+        # tensor crosses as a copy; read by a test, it is shared (see worker.Worker._answer).
+        copy = {"copy": True} if getattr(_CALLBACK_THREAD, "active", False) else None
+        value = self._client.request("getattr", self, name, (), copy)
         if self._cache is not None and isinstance(value, Remote):
             self._cache[name] = value  # a module's classes and functions do not change
         return value
@@ -406,7 +413,11 @@ class WorkerClient:
             rid = self._trusted_ids.get(id(target))
             if rid is None or self._trusted.get(rid) is not target:
                 raise TypeError("a call-back may reach only trusted objects handed to student code")
-            result = _run_callback(op, target, name, args, kwargs)
+            _CALLBACK_THREAD.active = True
+            try:
+                result = _run_callback(op, target, name, args, kwargs)
+            finally:
+                _CALLBACK_THREAD.active = False
             answer = [0, result]
             packed = self._codec.pack([cb_id, "cbreply", None, None, answer, {}])
         except Exception as exc:  # noqa: BLE001 — every failure goes back as data
@@ -469,6 +480,8 @@ def _run_callback(op: Any, target: Any, name: Any, args: Any, kwargs: Any) -> An
         if not callable(target):
             raise TypeError(f"a {type(target).__qualname__} cannot be called from student code")
         return target(*args, **kwargs)
+    if op == "setattr" and type(name) is str and not name.startswith("_") and len(args) == 1:
+        return _set_plain_attribute(target, name, args[0])
     if op not in ("getattr", "callmethod") or type(name) is not str or name.startswith("_") \
             or not name.isidentifier():
         raise AttributeError(f"{name!r}: student code may use only public attributes of a "
@@ -499,6 +512,34 @@ class WorkerTorchCalls:
     def __exit__(self, *exc: object) -> None:
         count = self._client.request("count_torch_calls", None, "stop")
         self.count = count if type(count) is int else 0
+
+
+def _set_plain_attribute(target: Any, name: str, value: Any) -> None:
+    """Sets a public instance attribute of a trusted object to a plain scalar (Lab 6's engine
+    records its attention backend on the model); never a method, a property or an object."""
+    if type(value) not in (type(None), bool, int, float, str):
+        raise TypeError(f"student code may set a trusted object's attribute only to None, a "
+                        f"bool, int, float or str, not a {type(value).__qualname__}")
+    if not name.isidentifier() or hasattr(type(target), name):
+        raise AttributeError(f"{name!r} of a trusted object cannot be set from student code")
+    setattr(target, name, value)
+
+
+def given(impl: Any, obj: Any) -> Any:
+    """Returns given lab code (a class, a function) where ``impl``'s code runs.
+
+    In one process that is ``obj`` itself; grading isolated, the worker's own import of it, so
+    objects it makes live beside the student's (Lab 6's ``Sequence``, whose lists the student's
+    block manager edits in place).
+
+    Args:
+        impl: the ``impl`` fixture's value.
+        obj: a class or function of ``labs.*`` or ``reference.*``.
+    """
+    if not isinstance(impl, Remote):
+        return obj
+    client = object.__getattribute__(impl, "_client")
+    return client.request("given", None, f"{obj.__module__}:{obj.__qualname__}")
 
 
 def _exit_text(code: int) -> str:

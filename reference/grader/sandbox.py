@@ -34,10 +34,7 @@ ISOLATED_ENV = "PAGEDLAB_ISOLATED"
 #: Labs whose tests the isolated worker cannot serve yet, with the reason: graded in-process even
 #: when grading is isolated (the report names them), so a correct submission never loses points
 #: to the isolation. Each entry is a hole in the threat model, listed in the README.
-IN_PROCESS_LABS = {
-    "lab06_serving_engine": "its tests hand the trusted model (PagedLlama) and request objects to "
-                            "the student's engine, which the codec cannot carry",
-}
+IN_PROCESS_LABS: dict[str, str] = {}
 
 
 #: Labs graded in-process when a CUDA GPU is visible (their CPU tests are graded isolated).

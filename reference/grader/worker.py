@@ -295,7 +295,7 @@ class TrustedStub:
         return self._worker.callback("getattr", self, name)
 
     def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"{self._type} is a trusted object: its attributes are read-only")
+        self._worker.callback("setattr", self, name, [value])
 
     def __call__(self, *args, **kwargs):
         return self._worker.callback("call", self, None, args, kwargs)
@@ -494,7 +494,9 @@ class Worker:
             copyback = _changed_arrays(args, kwargs, originals) if originals else []
             # An attribute that is a tensor (a pool's cache) crosses by reference: the tests'
             # writes to it must reach the worker, and its views must alias it.
-            self._local.move = op == "getattr"
+            # NOTE: not when trusted code reads it inside a call-back (a model reading a step's
+            # inputs): those tensors live one step, and a shared one lives as long as the worker.
+            self._local.move = op == "getattr" and not kwargs
             try:
                 if type(result) in _LIVE_TYPES and not pure and op != "op" \
                         and sys.getrefcount(result) > _FRESH_REFS:
@@ -535,6 +537,15 @@ class Worker:
             return getattr(target, name)(*args, **kwargs)
         if op == "op":
             return _OPS[name](target, *args)
+        if op == "given":
+            # Lab plumbing (``labs.<lab>._sequence.Sequence``) that must live beside the
+            # student's objects: the worker's own import of it.
+            module, _, attr = name.partition(":")
+            if not module.startswith(("labs.", "reference.")) or attr.startswith("_"):
+                raise ValueError(f"{name!r} is not given lab code")
+            import importlib
+
+            return getattr(importlib.import_module(module), attr)
         if op == "count_torch_calls":
             # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
             # student's code runs: here. start -> None; stop -> the count since start.
