@@ -91,6 +91,20 @@ MODULE = '''
         return object.__getattribute__(obj, "_worker").callback(op, obj, name)
 
 
+    def forged_shared(pid, fd):
+        # A shared-tensor reference to a file the worker does not own (the grader's own files).
+        import msgpack
+
+        body = msgpack.packb(["0" * 32, pid, fd, 8, "torch.uint8", [8], [1], 0])
+        return msgpack.ExtType(16, body)
+
+
+    def forged_handle(rid):
+        import msgpack
+
+        return msgpack.ExtType(4, msgpack.packb([rid]))
+
+
     def layout(t):
         return [list(t.stride()), t.storage_offset(), t.data_ptr() % 16, t.is_contiguous(),
                 t.tolist()]
@@ -289,3 +303,16 @@ def test_a_list_the_student_object_keeps_stays_live(client):
     assert live == [1, 2]
     live.append(9)
     assert pool.ids_copy() == [1, 2, 9]
+
+
+@needs_worker
+def test_forged_references_from_the_worker_are_refused(client):
+    """A worker naming a file it does not own as a shared tensor (the grader's stdin, pid 1's
+    files) or a trusted object it was never handed gets a TypeError, nothing mapped or reached."""
+    import os
+
+    for pid, fd in ((os.getpid(), 0), (1, 0), (os.getpid(), 999)):
+        with pytest.raises(TypeError):
+            client.module.forged_shared(pid, fd)
+    with pytest.raises(TypeError):
+        client.module.forged_handle(12345)
