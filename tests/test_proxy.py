@@ -117,6 +117,7 @@ class _Allocator:
     def __init__(self) -> None:
         self.num_free_blocks = 4
         self._secret = "the key"
+        self.folder = Path(tempfile.gettempdir())  # a library object: never reachable from the worker
 
     def allocate(self, n):
         if n > self.num_free_blocks:
@@ -316,3 +317,19 @@ def test_forged_references_from_the_worker_are_refused(client):
             client.module.forged_shared(pid, fd)
     with pytest.raises(TypeError):
         client.module.forged_handle(12345)
+
+
+@needs_worker
+def test_only_workbook_objects_are_handed_to_student_code(client):
+    """Objects of libraries and builtins (a Path, os.system, a partial) never cross as
+    call-backs — whatever the worker reaches runs as the grader's user — neither as arguments
+    nor through a public attribute of a trusted object."""
+    import functools
+    import os
+
+    pool = client.module.Pool(1, _Allocator())
+    for obj in (Path("/"), os.system, functools.partial(print), os):
+        with pytest.raises(TypeError):
+            pool.call(obj)
+    with pytest.raises(TypeError, match="cannot be passed"):
+        pool.poke(_Allocator(), "folder")

@@ -239,6 +239,8 @@ class WorkerClient:
         # worker may call them at any time while it lives).
         self._trusted: dict[int, Any] = {}
         self._trusted_ids: dict[int, int] = {}
+        self._callback_lock = threading.Lock()
+        self._num_callbacks = 0  # call-backs running now
         self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self._handle_lock = threading.Lock()
         self._pending: dict[int, _Slot] = {}
@@ -261,11 +263,12 @@ class WorkerClient:
     def _to_handle(self, obj: Any) -> list:
         if isinstance(obj, Remote) and obj._client is self:
             return [obj._hid]
-        if isinstance(obj, (Remote, RemoteMethod, types.ModuleType, type)):
+        if isinstance(obj, (Remote, RemoteMethod)) or not _may_hand_over(obj):
             raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
                             f"passed to student code when grading isolated: only plain values, "
                             f"numeric arrays/tensors, objects the student code returned, and "
-                            f"trusted instances and functions (as call-backs) can")
+                            f"instances and functions of the workbook's own code (as "
+                            f"call-backs) can")
         return self._reverse_handle(obj)
 
     def _reverse_handle(self, obj: Any) -> list:
@@ -376,8 +379,17 @@ class WorkerClient:
                     self._wake_a_waiter()
                 if callback is not None:
                     # NOTE: run with the read lock let go: the call-back may call the worker
-                    # itself, and other threads' replies must still be read meanwhile.
-                    self._serve_callback(*callback)
+                    # itself, and other threads' replies must still be read meanwhile. While
+                    # one runs, the next gets its own thread: student threads calling back at
+                    # once may wait for each other (no trusted thread is theirs to borrow).
+                    with self._callback_lock:
+                        busy = self._num_callbacks
+                        self._num_callbacks += 1
+                    if busy:
+                        threading.Thread(target=self._serve_counted, args=callback,
+                                         daemon=True).start()
+                    else:
+                        self._serve_counted(*callback)
                 continue
             slot.event.wait(0.25)
 
@@ -400,6 +412,13 @@ class WorkerClient:
                 other.reply = (status, payload, back, pure)
                 if other is not slot:
                     other.event.set()
+
+    def _serve_counted(self, cb_id: Any, body: Any) -> None:
+        try:
+            self._serve_callback(cb_id, body)
+        finally:
+            with self._callback_lock:
+                self._num_callbacks -= 1
 
     def _serve_callback(self, cb_id: Any, body: Any) -> None:
         """Runs one call-back on a trusted object and sends its answer to the worker.
@@ -512,6 +531,35 @@ class WorkerTorchCalls:
     def __exit__(self, *exc: object) -> None:
         count = self._client.request("count_torch_calls", None, "stop")
         self.count = count if type(count) is int else 0
+
+
+def _may_hand_over(obj: Any) -> bool:
+    """True for a trusted object student code may call back: an instance, function or bound
+    method of the workbook's own code (a module loaded from the repository).
+
+    NOTE: never a module, a class, a builtin or a library's object: whatever the worker can
+    reach through call-backs runs as the grader's user, so a ``Path`` or a ``partial`` of
+    ``os.system`` handed over by accident (or reached through a public attribute) would be a
+    way out of the sandbox.
+    """
+    if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return False
+    if isinstance(obj, types.FunctionType):
+        return _workbook_module(obj.__module__)
+    if isinstance(obj, types.MethodType):
+        return _may_hand_over(obj.__self__) and _workbook_module(obj.__func__.__module__)
+    return _workbook_module(type(obj).__module__)
+
+
+def _workbook_module(name: Any) -> bool:
+    module = sys.modules.get(name) if type(name) is str else None
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    try:
+        return os.path.realpath(path).startswith(str(REPO_ROOT) + os.sep)
+    except (TypeError, ValueError):
+        return False
 
 
 def _set_plain_attribute(target: Any, name: str, value: Any) -> None:

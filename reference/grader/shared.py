@@ -71,22 +71,23 @@ class WorkerShared:
             ``[token, pid, fd, nbytes, dtype, shape, stride, byte_offset]``, or None: send a
             copy (not on the CPU, no data, or not shared and not to be moved).
         """
-        if not self.enabled or t.device.type != "cpu" or t.is_meta or str(t.layout) != "torch.strided":
+        if not self.enabled or t.device.type != "cpu" or t.is_meta \
+                or str(t.layout) != "torch.strided":
             return None
         with self._lock:
             ptr = _storage_ptr(t)
             entry = self._by_ptr.get(ptr)
-            if entry is None and ptr in self._moved:
-                token = self._moved[ptr][1]
-                entry = (token, self._by_token[token])
-                self._repoint(t, entry[1])
-            elif entry is None:
-                if not move or t.untyped_storage().nbytes() == 0:
-                    return None
-                try:
+            try:
+                if entry is None and ptr in self._moved:
+                    token = self._moved[ptr][1]
+                    entry = (token, self._by_token[token])
+                    self._repoint(t, entry[1])
+                elif entry is None:
+                    if not move or t.untyped_storage().nbytes() == 0:
+                        return None
                     entry = self._move(t)
-                except (OSError, RuntimeError):
-                    return None  # NOTE: e.g. an inference tensor: it crosses as a copy
+            except (OSError, RuntimeError):
+                return None  # NOTE: e.g. an inference tensor: it crosses as a copy
         token = entry[0]
         fd, nbytes = self._fds[token]
         return [token, os.getpid(), fd, nbytes, *_view_payload(token, t)[1:]]
