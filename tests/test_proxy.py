@@ -117,7 +117,8 @@ class _Allocator:
     def __init__(self) -> None:
         self.num_free_blocks = 4
         self._secret = "the key"
-        self.folder = Path(tempfile.gettempdir())  # a library object: never reachable from the worker
+        # A library object: never reachable from the worker.
+        self.folder = Path(tempfile.gettempdir())
 
     def allocate(self, n):
         if n > self.num_free_blocks:

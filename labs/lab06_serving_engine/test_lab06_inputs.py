@@ -15,7 +15,8 @@ BS = 4
 def _seq(impl, seq_id, tokens, num_computed, block_table):
     # NOTE: made where the implementation runs (the grading worker, isolated): its block
     # manager edits the request's lists in place.
-    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), impl.SamplingParams(max_tokens=4))
+    params = impl.SamplingParams(max_tokens=4)
+    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), params)
     seq.num_computed_tokens = num_computed
     seq.block_table = list(block_table)
     return seq
