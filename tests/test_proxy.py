@@ -54,7 +54,77 @@ MODULE = '''
         def meet(self):
             self._barrier.wait()  # returns only when 4 calls are inside at once
             return True
+
+
+    class Pool:
+        def __init__(self, num_rows, manager=None):
+            import torch
+
+            self.cache = torch.zeros(num_rows, 4)
+            self.manager = manager
+            self._ids = [1, 2]
+
+        def take(self, n):
+            return self.manager.allocate(n)  # a call-back into the trusted process
+
+        def ids_live(self):
+            return self._ids  # the pool's own list (a bug a test catches by editing it)
+
+        def ids_copy(self):
+            return list(self._ids)
+
+        def write(self, row, value):
+            self.cache[row] = value
+
+        def aliases_cache(self, t):
+            return t.untyped_storage().data_ptr() == self.cache.untyped_storage().data_ptr()
+
+        def poke(self, obj, name):
+            return getattr(obj, name)
+
+        def call(self, fn, *args):
+            return fn(*args)
+
+
+    def raw_callback(obj, op, name):
+        # What a dishonest submission would do: skip the stub and ask the trusted side itself.
+        return object.__getattribute__(obj, "_worker").callback(op, obj, name)
+
+
+    def forged_shared(pid, fd):
+        # A shared-tensor reference to a file the worker does not own (the grader's own files).
+        import msgpack
+
+        body = msgpack.packb(["0" * 32, pid, fd, 8, "torch.uint8", [8], [1], 0])
+        return msgpack.ExtType(16, body)
+
+
+    def forged_handle(rid):
+        import msgpack
+
+        return msgpack.ExtType(4, msgpack.packb([rid]))
+
+
+    def layout(t):
+        return [list(t.stride()), t.storage_offset(), t.data_ptr() % 16, t.is_contiguous(),
+                t.tolist()]
 '''
+
+
+class _Allocator:
+    """A trusted object handed to student code (as Lab 2's tests hand an allocator)."""
+
+    def __init__(self) -> None:
+        self.num_free_blocks = 4
+        self._secret = "the key"
+        # A library object: never reachable from the worker.
+        self.folder = Path(tempfile.gettempdir())
+
+    def allocate(self, n):
+        if n > self.num_free_blocks:
+            raise OutOfBlocksError(f"{n} blocks wanted, {self.num_free_blocks} free")
+        self.num_free_blocks -= n
+        return list(range(n))
 
 
 @pytest.fixture
@@ -135,10 +205,132 @@ def test_grant_traverse_lets_others_enter_but_not_list(tmp_path):
 def test_in_process_labs_are_real_labs_and_stated_in_the_readme():
     """Every lab that isolated grading leaves in-process exists and is named, with its reason, in
     the instructors' threat model (a hole nobody can see is worse than a stated one)."""
-    from reference.grader.sandbox import IN_PROCESS_LABS
+    from reference.grader.sandbox import GPU_IN_PROCESS_LABS, IN_PROCESS_LABS
     from reference.paths import REPO_ROOT, lab_names
 
     readme = (REPO_ROOT / "README.md").read_text()
-    for lab, reason in IN_PROCESS_LABS.items():
+    for lab, reason in {**IN_PROCESS_LABS, **GPU_IN_PROCESS_LABS}.items():
         assert lab in lab_names() and reason
         assert f"Lab {int(lab[3:5])}" in readme.split("Known gap")[1], lab
+
+
+@needs_worker
+def test_call_backs_reach_trusted_objects_and_keep_identity(client):
+    """A trusted object passed to student code is called back (its state changes here), comes
+    back as the very same object, and its exceptions cross as their trusted class."""
+    bm = _Allocator()
+    pool = client.module.Pool(2, bm)
+    assert pool.manager is bm
+    assert pool.take(3) == [0, 1, 2] and bm.num_free_blocks == 1
+    with pytest.raises(OutOfBlocksError, match="2 blocks wanted"):
+        pool.take(2)
+    assert pool.poke(bm, "num_free_blocks") == 1
+
+
+@needs_worker
+@pytest.mark.parametrize("op, name", [("getattr", "_secret"), ("getattr", "__class__"),
+                                      ("callmethod", "__init__"), ("getattr", "__dict__"),
+                                      ("op", "setitem"), ("op", "getattr"), ("call", None)])
+def test_call_backs_refuse_private_names_and_unlisted_operations(client, op, name):
+    """Student code may read only public attributes of a trusted object and use a few operators:
+    no private state, no way from it to its class, module or globals — also when it bypasses
+    its stub and sends the call-back itself."""
+    bm = _Allocator()
+    pool = client.module.Pool(2, bm)
+    if name == "_secret":
+        with pytest.raises(AttributeError):
+            pool.poke(bm, name)
+    with pytest.raises((AttributeError, TypeError)):
+        client.module.raw_callback(bm, op, name)
+
+
+@needs_worker
+def test_call_backs_run_concurrently_and_may_call_the_worker(client):
+    """Four student threads each wait in a trusted call-back for the other three (a barrier
+    here), and a call-back that calls the worker again is answered: no deadlock."""
+    pool = client.module.Pool(2)
+    barrier = threading.Barrier(4, timeout=20)
+    results: list[object] = []
+
+    def run():
+        try:
+            results.append(pool.call(lambda: barrier.wait() >= 0 and pool.ids_copy()))
+        except Exception as exc:  # noqa: BLE001
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [[1, 2]] * 4, f"call-backs did not overlap or deadlocked: {results}"
+
+
+@needs_worker
+def test_attribute_tensors_are_shared_both_ways(client):
+    """A tensor attribute (a pool's cache) is the worker's memory: the test's writes reach the
+    student code, the student's writes are seen by the test, and a view of it handed back
+    aliases it in the worker."""
+    pool = client.module.Pool(3)
+    cache = pool.cache
+    cache.fill_(7.0)
+    pool.write(1, 3.0)
+    assert cache[:, 0].tolist() == [7.0, 3.0, 7.0]
+    assert pool.aliases_cache(cache[1:].t())
+    assert not pool.aliases_cache(cache.clone())
+
+
+@needs_worker
+def test_views_keep_strides_offsets_and_alignment(client):
+    """A transposed, sliced or misaligned view reaches student code as that view: same strides,
+    storage offset and address modulo 16 as in one process."""
+    import torch
+
+    base = torch.arange(24, dtype=torch.float16)
+    for view in (base.view(4, 6).t(), base.view(4, 6)[:, ::2], base[1:].view(23),
+                 base.view(4, 6)[1:]):
+        assert client.module.layout(view) == [list(view.stride()), view.storage_offset(),
+                                              view.data_ptr() % 16, view.is_contiguous(),
+                                              view.tolist()]
+
+
+@needs_worker
+def test_a_list_the_student_object_keeps_stays_live(client):
+    """A returned list the student's object still holds is that list, as in one process:
+    editing it edits the object (so "returns a copy" tests catch it); a fresh list is a list."""
+    pool = client.module.Pool(1)
+    fresh = pool.ids_copy()
+    assert type(fresh) is list
+    live = pool.ids_live()
+    assert live == [1, 2]
+    live.append(9)
+    assert pool.ids_copy() == [1, 2, 9]
+
+
+@needs_worker
+def test_forged_references_from_the_worker_are_refused(client):
+    """A worker naming a file it does not own as a shared tensor (the grader's stdin, pid 1's
+    files) or a trusted object it was never handed gets a TypeError, nothing mapped or reached."""
+    import os
+
+    for pid, fd in ((os.getpid(), 0), (1, 0), (os.getpid(), 999)):
+        with pytest.raises(TypeError):
+            client.module.forged_shared(pid, fd)
+    with pytest.raises(TypeError):
+        client.module.forged_handle(12345)
+
+
+@needs_worker
+def test_only_workbook_objects_are_handed_to_student_code(client):
+    """Objects of libraries and builtins (a Path, os.system, a partial) never cross as
+    call-backs — whatever the worker reaches runs as the grader's user — neither as arguments
+    nor through a public attribute of a trusted object."""
+    import functools
+    import os
+
+    pool = client.module.Pool(1, _Allocator())
+    for obj in (Path("/"), os.system, functools.partial(print), os):
+        with pytest.raises(TypeError):
+            pool.call(obj)
+    with pytest.raises(TypeError, match="cannot be passed"):
+        pool.poke(_Allocator(), "folder")

@@ -112,6 +112,16 @@ class CountTorchCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_torch_calls(impl):
+    """A :class:`CountTorchCalls` where ``impl``'s code runs: here, or in the grading worker
+    when grading isolated (whose ``impl`` is a proxy)."""
+    from reference.grader.proxy import Remote
+
+    if isinstance(impl, Remote):
+        return object.__getattribute__(impl, "_client").count_torch_calls()
+    return CountTorchCalls()
+
+
 def new_pool(impl, device: str, **overrides):
     """A small pool for tests: 12 blocks of 4 tokens, 2 KV heads of 8, fp32, 4 rows, 24 tokens."""
     kwargs = dict(num_blocks=12, block_size=4, num_kv_heads=2, head_size=8, max_num_seqs=4,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from labs.lab02_kv_cache_pool._state import (
-    CountTorchCalls,
     check_invariants,
+    count_torch_calls,
     digest,
     new_pool,
     poison,
@@ -154,9 +154,9 @@ def test_slot_mapping_and_write_are_vectorized(impl, device):
         pool = new_pool(impl, device, num_blocks=20, max_model_len=80)
         pool.add_sequence(0, num_tokens)
         k, v = random_kv(4, num_tokens, pool)
-        with CountTorchCalls() as mapping:
+        with count_torch_calls(impl) as mapping:
             slots = pool.slot_mapping([0], [num_tokens])
-        with CountTorchCalls() as write:
+        with count_torch_calls(impl) as write:
             pool.write_kv(slots, k, v)
         counts[num_tokens] = (mapping.count, write.count)
         got_k, _ = pool.gather_kv(0)

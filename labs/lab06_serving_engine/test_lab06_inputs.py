@@ -6,13 +6,17 @@ import pytest
 
 from labs.lab06_serving_engine._sequence import Sequence, block_hash
 from reference.errors import OutOfBlocksError
+from reference.grader.proxy import given
 from reference.layout import PAD_BLOCK_ID
 
 BS = 4
 
 
 def _seq(impl, seq_id, tokens, num_computed, block_table):
-    seq = Sequence(seq_id, list(tokens), len(tokens), impl.SamplingParams(max_tokens=4))
+    # NOTE: made where the implementation runs (the grading worker, isolated): its block
+    # manager edits the request's lists in place.
+    params = impl.SamplingParams(max_tokens=4)
+    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), params)
     seq.num_computed_tokens = num_computed
     seq.block_table = list(block_table)
     return seq
@@ -77,12 +81,15 @@ def test_prefix_cache_reuses_computed_full_blocks_only(impl):
     bm.allocate(a, 10)
     a.num_computed_tokens = 6
     bm.cache_full_blocks(a)
-    h0 = block_hash(None, tokens[:4])
+    # NOTE: hashed where the implementation runs: hash(None) (a first block's parent) is the
+    # object's address in Python 3.11, so it differs between processes.
+    hash_block = given(impl, block_hash)
+    h0 = hash_block(None, tokens[:4])
     assert bm.hash_to_block == {h0: a.block_table[0]}, (
         f"after 6 computed tokens the cache is {bm.hash_to_block}: only block 0 is full and computed")
     a.num_computed_tokens = 10
     bm.cache_full_blocks(a)
-    h1 = block_hash(h0, tokens[4:8])
+    h1 = hash_block(h0, tokens[4:8])
     assert bm.hash_to_block == {h0: a.block_table[0], h1: a.block_table[1]}, (
         "the second block's hash must chain the first's: block_hash(parent, tokens)")
     same = _seq(impl, 1, tokens[:8], 0, [])  # identical to a's first 8 tokens, block aligned

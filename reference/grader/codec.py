@@ -7,8 +7,14 @@ its *own* classes, so a value from the worker is exactly what its type says (an 
 ``int``: a student's always-equal object cannot come back as one).
 
 Every other object stays where it lives and crosses as a *handle* (its id in a table):
-:class:`Codec` takes ``to_handle``/``from_handle`` callbacks, one pair per side. The trusted
-side refuses to send anything else (a ``TypeError`` naming the type).
+:class:`Codec` takes ``to_handle``/``from_handle`` callbacks, one pair per side. Handles go
+both ways: the worker's objects are handles on the trusted side, and trusted objects a test
+hands to student code (an allocator, a model) are *reverse handles* in the worker, whose
+method calls come back to the trusted side (:mod:`reference.grader.proxy`).
+
+A CPU tensor may also cross *by reference* (``share``/``unshare`` hooks): its storage lives in
+a shared-memory file both processes map, so a write on either side is seen by the other (the
+pool's caches, which tests poison and then read). Only data is mapped, never code.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 
 EXT_TUPLE, EXT_NDARRAY, EXT_TENSOR, EXT_HANDLE, EXT_SET, EXT_FROZENSET = 1, 2, 3, 4, 5, 6
 EXT_NPSCALAR, EXT_BIGINT, EXT_TORCH_DTYPE, EXT_NP_DTYPE, EXT_NP_TYPE = 7, 8, 9, 10, 11
-EXT_SLICE, EXT_DEVICE, EXT_ELLIPSIS, EXT_CUPY = 12, 13, 14, 15
+EXT_SLICE, EXT_DEVICE, EXT_ELLIPSIS, EXT_CUPY, EXT_SHARED = 12, 13, 14, 15, 16
 
 #: numpy dtype kinds that may cross (bool, ints, floats, complex).
 NUMERIC_KINDS = "biufc"
@@ -53,8 +59,12 @@ class Codec:
         from_handle: handle payload -> the object (or a proxy for it).
     """
 
-    def __init__(self, to_handle: Callable[[Any], list], from_handle: Callable[[list], Any]):
+    def __init__(self, to_handle: Callable[[Any], list], from_handle: Callable[[list], Any],
+                 share: Callable[[Any], list | None] | None = None,
+                 unshare: Callable[[list], Any] | None = None):
         self._to_handle, self._from_handle = to_handle, from_handle
+        # share: tensor -> reference payload, or None to send a copy; unshare: the reverse.
+        self._share, self._unshare = share, unshare
         # NOTE: a Packer costs several µs to build, a call packs 2-4 times: each thread keeps
         # its own (a Packer is not thread-safe), a stack of them since ``_default`` packs
         # nested values (a tuple's items) while the outer one is busy.
@@ -128,6 +138,9 @@ class Codec:
         torch = _torch()
         if torch is not None:
             if isinstance(obj, torch.Tensor):
+                shared = self._share(obj) if self._share is not None else None
+                if shared is not None:
+                    return msgpack.ExtType(EXT_SHARED, self._packb(shared))
                 return msgpack.ExtType(EXT_TENSOR, self._packb(_tensor_fields(torch, obj)))
             if isinstance(obj, torch.dtype):
                 return msgpack.ExtType(EXT_TORCH_DTYPE, str(obj).encode())
@@ -168,6 +181,8 @@ class Codec:
             return Ellipsis
         if code == EXT_TENSOR:
             return _rebuild_tensor(self.unpack(data))
+        if code == EXT_SHARED and self._unshare is not None:
+            return self._unshare(self.unpack(data))
         if code == EXT_TORCH_DTYPE:
             return _torch_dtype(data.decode())
         if code == EXT_DEVICE:
@@ -229,18 +244,50 @@ def _tensor_fields(torch, obj) -> list:
         raise TypeError(f"a torch.Tensor of dtype {t.dtype} cannot cross the grading boundary")
     if t.is_meta:
         return [str(t.dtype), list(t.shape), b"", "meta"]  # NOTE: shape and dtype only, no data
+    if t.device.type == "cpu" and not _compact(t):
+        # A view (strided, sliced, at an offset): its whole storage crosses with the view's
+        # stride and offset, so the other side sees the same layout and the same alignment
+        # (offset modulo 16 bytes), which Lab 4's validation checks.
+        # NOTE: CUDA views still cross compacted (a copy); CUDA IPC would keep them as they are.
+        storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+        return [str(t.dtype), list(t.shape), storage.numpy().tobytes(), "cpu", list(t.stride()),
+                t.storage_offset() * t.element_size()]
     host = t.to("cpu").contiguous().reshape(-1)
     raw = host.view(torch.uint8).numpy().tobytes() if host.numel() else b""
     return [str(t.dtype), list(t.shape), raw, str(t.device)]
 
 
+def _compact(t) -> bool:
+    """True when ``t`` is its whole storage, contiguous from its first byte."""
+    return t.is_contiguous() and t.storage_offset() == 0 and \
+        t.numel() * t.element_size() == t.untyped_storage().nbytes()
+
+
+def _rebuild_view(torch, dtype, shape: list, raw: bytes, stride: list, byte_offset: int):
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if not (all(type(v) is int and v >= 0 for v in (*shape, *stride, byte_offset))
+            and len(shape) == len(stride) and byte_offset % itemsize == 0):
+        raise TypeError("a malformed tensor view")
+    if all(shape) and byte_offset + itemsize * (1 + sum((n - 1) * s for n, s in
+                                                       zip(shape, stride))) > len(raw):
+        raise TypeError("a tensor view reaching past its storage")
+    # NOTE: torch's allocator, not a bytearray: the storage starts aligned as any other does.
+    storage = torch.empty(len(raw), dtype=torch.uint8)
+    if raw:
+        storage.numpy()[:] = np.frombuffer(raw, dtype=np.uint8)
+    return torch.empty(0, dtype=dtype).set_(storage.untyped_storage(), byte_offset // itemsize,
+                                            shape, stride)
+
+
 def _rebuild_tensor(fields: list):
     import torch
 
-    dtype_name, shape, raw, device = fields
+    dtype_name, shape, raw, device = fields[:4]
     dtype = _torch_dtype(dtype_name)
     if dtype not in _TORCH_OK(torch):
         raise TypeError(f"a torch.Tensor of dtype {dtype} cannot cross the grading boundary")
+    if len(fields) == 6 and device == "cpu":
+        return _rebuild_view(torch, dtype, shape, raw, *fields[4:])
     if device == "meta":
         return torch.empty(shape, dtype=dtype, device="meta")
     if not raw:

@@ -192,6 +192,10 @@ def _mentions_impl(node: ast.AST, tainted: set[str]) -> bool:
     return any(isinstance(n, ast.Name) and (n.id == "impl" or n.id in tainted) for n in ast.walk(node))
 
 
+def _is_given(func: ast.AST) -> bool:
+    return isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "given"
+
+
 def lab_test_files(lab: str) -> list[Path]:
     """Returns a lab's test files and helpers (tests, ``_*.py``, ``conftest.py``)."""
     folder = LABS_DIR / lab
@@ -223,7 +227,10 @@ def _tainted_names(trees: dict[str, ast.Module]) -> set[str]:
                     value = node.context_expr
                 if value is None or not targets:
                     continue
-                from_impl = isinstance(value, ast.Call) and (
+                # NOTE: ``given(impl, Sequence)(...)`` makes an object of *given* lab code
+                # where the implementation runs (reference.grader.proxy.given): its attributes
+                # are the given code's, not a contract of the student's.
+                from_impl = isinstance(value, ast.Call) and not _is_given(value.func) and (
                     _mentions_impl(value.func, set())
                     or isinstance(value.func, ast.Name) and value.func.id in returning)
                 if from_impl:

@@ -19,6 +19,12 @@ call that may have run student code was sent or answered since (``WorkerClient._
 NOTE: a worker that lies about purity only keeps its own, earlier values in view longer —
 values its code could have returned anyway; what crosses is still rebuilt by the codec.
 
+Call-backs: a trusted object a test passes to student code (an allocator, a model, a function)
+crosses as a *reverse handle*; the worker's stub sends its method calls back, and the thread
+that is reading replies runs them here, on the trusted object, with codec-decoded arguments
+(:meth:`WorkerClient._serve_callback`): public names only (no ``_``), a few operators, never
+anything unpickled or imported. Modules and classes are never handed over.
+
 NOTE: a ``Remote`` never forwards ``==`` against a plain value (only against another handle):
 a student object claiming to equal everything compares equal to nothing the test wrote.
 """
@@ -29,6 +35,8 @@ import builtins
 import collections
 import itertools
 import os
+import pwd
+import types
 import subprocess
 import sys
 import threading
@@ -39,14 +47,34 @@ import msgpack
 
 from reference import errors as reference_errors
 from reference.grader.codec import Codec
-from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, make_worker_home, worker_command
-from reference.grader.worker import FrameReader, frame_header, write_all
+from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
+                                      make_worker_home, worker_command)
+from reference.grader.shared import TrustedShared
+from reference.grader.worker import FrameReader, _describe_exception, frame_header, write_all
 from reference.paths import REPO_ROOT
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
 OUTPUT_TAIL_BYTES = 64 * 1024
 #: The packed empty list: the copy-back part of most replies (nothing to unpack then).
 _EMPTY_LIST = b"\x90"
+#: What a call-back may do to a trusted object besides its public attributes and methods.
+CALLBACK_OPS = {
+    "len": len,
+    "bool": bool,
+    "iter": lambda obj: list(obj),
+    "getitem": lambda obj, key: obj[key],
+    "contains": lambda obj, item: item in obj,
+    "repr": lambda obj: repr(obj)[:20000],
+    "str": lambda obj: str(obj)[:20000],
+}
+
+
+_LIVE_CONTAINERS = frozenset({"builtins.list", "builtins.dict", "builtins.set",
+                              "builtins.bytearray"})
+
+
+#: .active: this thread is running a call-back for the worker.
+_CALLBACK_THREAD = threading.local()
 
 
 class RemoteError(Exception):
@@ -87,12 +115,17 @@ class Remote:
                 value = attrs[name]
                 # A fresh container each read, as a round trip would give.
                 return value.copy() if type(value) in (list, dict, set) else value
-        value = self._client.request("getattr", self, name)
+        # NOTE: read by trusted code serving a call-back (a model reading a step's inputs), a
+        # tensor crosses as a copy; read by a test, it is shared (see worker.Worker._answer).
+        copy = {"copy": True} if getattr(_CALLBACK_THREAD, "active", False) else None
+        value = self._client.request("getattr", self, name, (), copy)
         if self._cache is not None and isinstance(value, Remote):
             self._cache[name] = value  # a module's classes and functions do not change
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if self._cache is not None:
+            self._cache.pop(name, None)  # NOTE: a test swapping a module's function (monkeypatch)
         self._client.request("setattr", self, name, [value])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -137,6 +170,10 @@ class Remote:
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Remote):
             return self is other or self._op("eq", other)
+        if self._type in _LIVE_CONTAINERS:
+            # A list the student's object still holds (see worker._LIVE_TYPES): compared by
+            # its value, which crosses through the codec as a real list.
+            return self._op("value") == other
         return NotImplemented
 
     def __ne__(self, other: Any) -> bool:
@@ -194,7 +231,16 @@ class WorkerClient:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
         self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        self._codec = Codec(self._to_handle, self._from_handle)
+        self._shared = TrustedShared(pwd.getpwnam(WORKER_USER).pw_uid)
+        self._codec = Codec(self._to_handle, self._from_handle,
+                            self._shared.reference if self._shared.enabled else None,
+                            self._shared.view if self._shared.enabled else None)
+        # Trusted objects handed to student code, by reverse-handle id (kept alive: the
+        # worker may call them at any time while it lives).
+        self._trusted: dict[int, Any] = {}
+        self._trusted_ids: dict[int, int] = {}
+        self._callback_lock = threading.Lock()
+        self._num_callbacks = 0  # call-backs running now
         self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self._handle_lock = threading.Lock()
         self._pending: dict[int, _Slot] = {}
@@ -217,11 +263,32 @@ class WorkerClient:
     def _to_handle(self, obj: Any) -> list:
         if isinstance(obj, Remote) and obj._client is self:
             return [obj._hid]
-        raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be passed "
-                        f"to student code when grading isolated: only plain values, numeric "
-                        f"arrays/tensors and objects the student code returned can")
+        if isinstance(obj, (Remote, RemoteMethod)) or not _may_hand_over(obj):
+            raise TypeError(f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
+                            f"passed to student code when grading isolated: only plain values, "
+                            f"numeric arrays/tensors, objects the student code returned, and "
+                            f"instances and functions of the workbook's own code (as "
+                            f"call-backs) can")
+        return self._reverse_handle(obj)
 
-    def _from_handle(self, payload: list) -> Remote:
+    def _reverse_handle(self, obj: Any) -> list:
+        """Returns ``[rid, class name, public method names]`` of a trusted object."""
+        with self._handle_lock:
+            rid = self._trusted_ids.get(id(obj))
+            if rid is None:
+                rid = self._trusted_ids[id(obj)] = len(self._trusted) + 1
+                self._trusted[rid] = obj
+        cls = type(obj)
+        methods = sorted(n for n in dir(cls) if not n.startswith("_")
+                         and callable(getattr(cls, n, None)))
+        return [rid, f"{cls.__module__}.{cls.__qualname__}", methods]
+
+    def _from_handle(self, payload: list) -> Any:
+        if len(payload) == 1:
+            rid = payload[0]
+            if type(rid) is not int or rid not in self._trusted:
+                raise TypeError("the worker named a trusted object it was never given")
+            return self._trusted[rid]
         hid, type_name, methods, attrs = payload
         with self._handle_lock:
             handle = self._handles.get(hid)
@@ -306,14 +373,28 @@ class WorkerClient:
                 return
             if self._read_lock.acquire(blocking=False):
                 try:
-                    self._read_until(slot)
+                    callback = self._read_until(slot)
                 finally:
                     self._read_lock.release()
                     self._wake_a_waiter()
+                if callback is not None:
+                    # NOTE: run with the read lock let go: the call-back may call the worker
+                    # itself, and other threads' replies must still be read meanwhile. While
+                    # one runs, the next gets its own thread: student threads calling back at
+                    # once may wait for each other (no trusted thread is theirs to borrow).
+                    with self._callback_lock:
+                        busy = self._num_callbacks
+                        self._num_callbacks += 1
+                    if busy:
+                        threading.Thread(target=self._serve_counted, args=callback,
+                                         daemon=True).start()
+                    else:
+                        self._serve_counted(*callback)
                 continue
             slot.event.wait(0.25)
 
-    def _read_until(self, slot: _Slot) -> None:
+    def _read_until(self, slot: _Slot) -> tuple | None:
+        """Reads replies until ``slot``'s; returns early with a call-back to run."""
         while slot.reply is None and not self.dead:
             frame = self._reader.read()
             if frame is None:
@@ -322,12 +403,54 @@ class WorkerClient:
                                 f"while a call ran: os._exit, a crash or a kill — no points for "
                                 f"that test{self.output_tail()}")
                 return
-            req_id, status, payload, back, pure = msgpack.unpackb(frame, raw=False)
+            message = msgpack.unpackb(frame, raw=False)
+            if len(message) == 3:
+                return message[0], message[2]  # [callback id, "cb", body]
+            req_id, status, payload, back, pure = message
             other = self._pending.get(req_id)
             if other is not None:
                 other.reply = (status, payload, back, pure)
                 if other is not slot:
                     other.event.set()
+
+    def _serve_counted(self, cb_id: Any, body: Any) -> None:
+        try:
+            self._serve_callback(cb_id, body)
+        finally:
+            with self._callback_lock:
+                self._num_callbacks -= 1
+
+    def _serve_callback(self, cb_id: Any, body: Any) -> None:
+        """Runs one call-back on a trusted object and sends its answer to the worker.
+
+        NOTE: the worker is not trusted: only objects it was handed, only public names and
+        :data:`CALLBACK_OPS`; arguments are codec-decoded values, the worker's own handles and
+        the trusted objects it was handed.
+        """
+        try:
+            op, target, name, args, kwargs = self._decode(body, self._epoch)
+            rid = self._trusted_ids.get(id(target))
+            if rid is None or self._trusted.get(rid) is not target:
+                raise TypeError("a call-back may reach only trusted objects handed to student code")
+            _CALLBACK_THREAD.active = True
+            try:
+                result = _run_callback(op, target, name, args, kwargs)
+            finally:
+                _CALLBACK_THREAD.active = False
+            answer = [0, result]
+            packed = self._codec.pack([cb_id, "cbreply", None, None, answer, {}])
+        except Exception as exc:  # noqa: BLE001 — every failure goes back as data
+            packed = self._codec.pack([cb_id, "cbreply", None, None,
+                                       [1, _describe_exception(exc)], {}])
+        try:
+            with self._send_lock:
+                write_all(self._out_fd, frame_header(len(packed)) + packed)
+        except OSError:
+            pass  # the worker is gone: the call waiting for it learns so
+
+    def count_torch_calls(self) -> "WorkerTorchCalls":
+        """Returns a context manager counting the torch calls student code makes in the worker."""
+        return WorkerTorchCalls(self)
 
     def _wake_a_waiter(self) -> None:
         """Wakes one thread still waiting for a reply, to read in turn."""
@@ -362,6 +485,111 @@ class WorkerClient:
             self.proc.kill()
         except ProcessLookupError:
             pass
+
+
+def _run_callback(op: Any, target: Any, name: Any, args: Any, kwargs: Any) -> Any:
+    if type(args) is not list or type(kwargs) is not dict \
+            or not all(type(k) is str for k in kwargs):
+        raise TypeError("malformed call-back arguments")
+    if op == "op":
+        if name not in CALLBACK_OPS:
+            raise TypeError(f"operation {name!r} is not allowed on a trusted object")
+        return CALLBACK_OPS[name](target, *args)
+    if op == "call":
+        if not callable(target):
+            raise TypeError(f"a {type(target).__qualname__} cannot be called from student code")
+        return target(*args, **kwargs)
+    if op == "setattr" and type(name) is str and not name.startswith("_") and len(args) == 1:
+        return _set_plain_attribute(target, name, args[0])
+    if op not in ("getattr", "callmethod") or type(name) is not str or name.startswith("_") \
+            or not name.isidentifier():
+        raise AttributeError(f"{name!r}: student code may use only public attributes of a "
+                             f"trusted object")
+    value = getattr(target, name)
+    if op == "getattr":
+        return value
+    if not callable(value) or isinstance(value, type):
+        raise TypeError(f"{name!r} is not a method")
+    return value(*args, **kwargs)
+
+
+class WorkerTorchCalls:
+    """``with`` it: ``.count`` is then the number of torch calls the worker's student code made.
+
+    NOTE: what the worker reports; a dishonest worker can lie about it as student code in one
+    process can dodge a ``TorchFunctionMode``: it is a check on honest mistakes (a Python loop
+    over tokens), not a security boundary.
+    """
+
+    def __init__(self, client: WorkerClient) -> None:
+        self._client, self.count = client, 0
+
+    def __enter__(self) -> "WorkerTorchCalls":
+        self._client.request("count_torch_calls", None, "start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        count = self._client.request("count_torch_calls", None, "stop")
+        self.count = count if type(count) is int else 0
+
+
+def _may_hand_over(obj: Any) -> bool:
+    """True for a trusted object student code may call back: an instance, function or bound
+    method of the workbook's own code (a module loaded from the repository).
+
+    NOTE: never a module, a class, a builtin or a library's object: whatever the worker can
+    reach through call-backs runs as the grader's user, so a ``Path`` or a ``partial`` of
+    ``os.system`` handed over by accident (or reached through a public attribute) would be a
+    way out of the sandbox.
+    """
+    if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return False
+    if type(obj) is object:
+        return True  # a bare object() (a test's "not a block manager"): nothing to reach
+    if isinstance(obj, types.FunctionType):
+        return _workbook_module(obj.__module__)
+    if isinstance(obj, types.MethodType):
+        return _may_hand_over(obj.__self__) and _workbook_module(obj.__func__.__module__)
+    return _workbook_module(type(obj).__module__)
+
+
+def _workbook_module(name: Any) -> bool:
+    module = sys.modules.get(name) if type(name) is str else None
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    try:
+        return os.path.realpath(path).startswith(str(REPO_ROOT) + os.sep)
+    except (TypeError, ValueError):
+        return False
+
+
+def _set_plain_attribute(target: Any, name: str, value: Any) -> None:
+    """Sets a public instance attribute of a trusted object to a plain scalar (Lab 6's engine
+    records its attention backend on the model); never a method, a property or an object."""
+    if type(value) not in (type(None), bool, int, float, str):
+        raise TypeError(f"student code may set a trusted object's attribute only to None, a "
+                        f"bool, int, float or str, not a {type(value).__qualname__}")
+    if not name.isidentifier() or hasattr(type(target), name):
+        raise AttributeError(f"{name!r} of a trusted object cannot be set from student code")
+    setattr(target, name, value)
+
+
+def given(impl: Any, obj: Any) -> Any:
+    """Returns given lab code (a class, a function) where ``impl``'s code runs.
+
+    In one process that is ``obj`` itself; grading isolated, the worker's own import of it, so
+    objects it makes live beside the student's (Lab 6's ``Sequence``, whose lists the student's
+    block manager edits in place).
+
+    Args:
+        impl: the ``impl`` fixture's value.
+        obj: a class or function of ``labs.*`` or ``reference.*``.
+    """
+    if not isinstance(impl, Remote):
+        return obj
+    client = object.__getattribute__(impl, "_client")
+    return client.request("given", None, f"{obj.__module__}:{obj.__qualname__}")
 
 
 def _exit_text(code: int) -> str:

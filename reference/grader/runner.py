@@ -33,7 +33,7 @@ from typing import Protocol
 
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
-from reference.grader.sandbox import IN_PROCESS_LABS, ISOLATED_ENV, ensure_worker_user
+from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, in_process_reason
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
@@ -136,11 +136,12 @@ def run_lab_tests(
     runs = []
     for lab in labs or lab_names():
         lab_env = env
-        if isolated and lab in IN_PROCESS_LABS:
+        reason = in_process_reason(lab) if isolated else None
+        if reason:
             # NOTE: a correct submission must never lose points to the isolation itself: a lab
             # whose tests the worker cannot serve yet is graded in-process, and the report says so.
             lab_env = plain_env
-            notes.append(f"{lab}: graded in-process, not isolated ({IN_PROCESS_LABS[lab]})")
+            notes.append(f"{lab}: graded in-process, not isolated ({reason})")
         runs.append(_run_lab(lab, impl=impl, env=lab_env, only=only, extra_args=extra_args,
                              timeout_s=timeout_s, test_timeout_s=test_timeout_s,
                              include_hidden=include_hidden, expected=(expected or {}).get(lab),

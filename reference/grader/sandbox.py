@@ -34,16 +34,37 @@ ISOLATED_ENV = "PAGEDLAB_ISOLATED"
 #: Labs whose tests the isolated worker cannot serve yet, with the reason: graded in-process even
 #: when grading is isolated (the report names them), so a correct submission never loses points
 #: to the isolation. Each entry is a hole in the threat model, listed in the README.
-IN_PROCESS_LABS = {
-    "lab02_kv_cache_pool": "its tests hand trusted objects (an allocator) to the student's pool "
-                           "and write through the pool's cache tensors; the worker has no "
-                           "call-backs or write-through yet",
-    "lab04_decode_kernels": "its validation tests pass strided and misaligned views, which the "
-                            "codec rebuilds as fresh contiguous tensors, and its dispatch test "
-                            "swaps functions inside the student's module",
-    "lab06_serving_engine": "its tests hand the trusted model (PagedLlama) and request objects to "
-                            "the student's engine, which the codec cannot carry",
+IN_PROCESS_LABS: dict[str, str] = {}
+
+
+#: Labs graded in-process when a CUDA GPU is visible (their CPU tests are graded isolated).
+GPU_IN_PROCESS_LABS = {
+    "lab04_decode_kernels": "CUDA tensors cross the boundary as host copies (no CUDA IPC yet): "
+                            "strided CUDA views arrive compacted, every launch pays two copies, "
+                            "and PAGEDLAB_DEBUG set by a test (monkeypatch.setenv) does not "
+                            "reach the worker",
 }
+
+
+def in_process_reason(lab: str) -> str | None:
+    """Why ``lab`` is graded in-process even when grading is isolated; None when it is not.
+
+    Args:
+        lab: a lab folder name.
+    """
+    if lab in IN_PROCESS_LABS:
+        return IN_PROCESS_LABS[lab]
+    if lab in GPU_IN_PROCESS_LABS and _cuda_visible():
+        return GPU_IN_PROCESS_LABS[lab]
+    return None
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 class IsolationError(RuntimeError):

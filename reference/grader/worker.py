@@ -9,6 +9,11 @@ fd 1 at stderr, so a student's ``print`` never lands in the protocol.
 Calls the tests make concurrently run on concurrent threads here (see :class:`Worker`): a
 missing lock in student code still shows.
 
+Trusted objects a test passes to student code (an allocator, a model) arrive as
+:class:`TrustedStub` s: their public methods and attributes are *call-backs*, run by the
+trusted side on its own object and answered like any call. Tensors that are a student object's
+attributes cross by reference, in shared memory (:mod:`reference.grader.shared`).
+
 Usage: ``python -m reference.grader.worker LAB``.
 """
 
@@ -23,7 +28,8 @@ import types
 import msgpack
 import numpy as np
 
-from reference.grader.codec import Codec
+from reference.grader.codec import EXT_HANDLE, Codec
+from reference.grader.shared import WorkerShared
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
 MAX_THREADS = 64
@@ -104,9 +110,13 @@ class _Table:
         self._ids: dict[int, int] = {}  # id(obj) -> handle id
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._stubs: dict[int, TrustedStub] = {}
         self.codec: Codec | None = None
+        self.worker: Worker | None = None
 
     def handle(self, obj: object) -> list:
+        if type(obj) is TrustedStub:
+            return [object.__getattribute__(obj, "_rid")]  # back to the trusted side: its id
         with self._lock:
             hid = self._ids.get(id(obj))
             if hid is None:
@@ -147,7 +157,14 @@ class _Table:
             local.depth = depth
 
     def get(self, payload: list) -> object:
-        return self._objects[payload[0]]
+        if len(payload) == 1:
+            return self._objects[payload[0]]
+        rid, type_name, methods = payload  # a trusted object: one stub per object, so `is` works
+        with self._lock:
+            stub = self._stubs.get(rid)
+            if stub is None:
+                stub = self._stubs[rid] = TrustedStub(self.worker, rid, type_name, methods)
+        return stub
 
 
 #: Snapshot limits: attributes per object, items per container attribute, bytes per bytes/str.
@@ -255,6 +272,115 @@ def _describe_exception(exc: BaseException) -> list:
     return [mro, args, text[:20000], attrs]
 
 
+class TrustedStub:
+    """A trusted object handed to student code: attribute reads and calls go back to it.
+
+    NOTE: only public names (no leading ``_``) and a few operators are forwarded; the trusted
+    side refuses anything else too, whatever this class is changed into by student code.
+    """
+
+    __slots__ = ("_worker", "_rid", "_type", "_methods", "__weakref__")
+
+    def __init__(self, worker: "Worker", rid: int, type_name: str, methods: list[str]) -> None:
+        object.__setattr__(self, "_worker", worker)
+        object.__setattr__(self, "_rid", rid)
+        object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_methods", frozenset(methods))
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._methods:
+            return TrustedMethod(self, name)
+        return self._worker.callback("getattr", self, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        self._worker.callback("setattr", self, name, [value])
+
+    def __call__(self, *args, **kwargs):
+        return self._worker.callback("call", self, None, args, kwargs)
+
+    def _op(self, name: str, *args):
+        return self._worker.callback("op", self, name, args)
+
+    def __len__(self) -> int:
+        return self._op("len")
+
+    def __bool__(self) -> bool:
+        return self._op("bool")
+
+    def __iter__(self):
+        return iter(self._op("iter"))
+
+    def __getitem__(self, key):
+        return self._op("getitem", key)
+
+    def __contains__(self, item) -> bool:
+        return self._op("contains", item)
+
+    def __repr__(self) -> str:
+        return self._op("repr")
+
+    def __str__(self) -> str:
+        return self._op("str")
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+
+class TrustedMethod:
+    """A method of a :class:`TrustedStub`: one call-back per call."""
+
+    __slots__ = ("_owner", "_name")
+
+    def __init__(self, owner: TrustedStub, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def __call__(self, *args, **kwargs):
+        owner = self._owner
+        return object.__getattribute__(owner, "_worker").callback("callmethod", owner,
+                                                                  self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<trusted method {object.__getattribute__(self._owner, '_type')}.{self._name}>"
+
+
+class _Waiter:
+    """A call-back in flight: its answer (set once) and an event."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event, self.reply = threading.Event(), None
+
+
+def _rebuild_error(data: list) -> BaseException:
+    """A trusted object's exception, raised again in the worker as the class of that name."""
+    import builtins
+
+    from reference import errors
+
+    mro, args, text, attrs = data
+    for module, name in mro:
+        source = builtins if module == "builtins" else errors if module == errors.__name__ else None
+        cls = getattr(source, name, None) if source is not None else None
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                exc = cls(*args)
+            except Exception:  # noqa: BLE001 — a constructor with other arguments
+                exc = cls(text)
+            for key, value in attrs.items():
+                try:
+                    setattr(exc, key, value)
+                except Exception:  # noqa: BLE001
+                    pass
+            return exc
+    return RuntimeError(f"{'.'.join(mro[0])}: {text}")
+
+
 class Worker:
     """Serves requests for one lab's implementation.
 
@@ -269,8 +395,14 @@ class Worker:
         self.lab, self._out_fd = lab, replies_fd
         self._reader = FrameReader(requests_fd)
         self._table = _Table()
-        self._codec = Codec(self._table.handle, self._table.get)
-        self._table.codec = self._codec
+        self._shared = WorkerShared()
+        self._local = threading.local()  # .move: tensors packed now may move to shared memory
+        self._codec = Codec(self._table.handle, self._table.get, self._share, self._shared.view)
+        self._table.codec, self._table.worker = self._codec, self
+        self._callbacks: dict[int, _Waiter] = {}
+        # [count] while a test counts the torch calls student code makes (None otherwise).
+        self._torch_calls: list[int] | None = None
+        self._callback_ids = iter(range(1, 1 << 62))
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -290,25 +422,93 @@ class Worker:
                 frame = self._reader.read()
             if frame is None:
                 os._exit(0)  # NOTE: student threads must not keep a worker alive after its grader
+            try:
+                request = self._codec.unpack(frame)
+            except BaseException as exc:  # noqa: BLE001 — answered as an error below
+                request = exc
+            if type(request) is list and len(request) == 6 and request[1] == "cbreply":
+                waiter = self._callbacks.pop(request[0], None)
+                if waiter is not None:
+                    waiter.reply = request[4]
+                    waiter.event.set()
+                continue
             with self._state_lock:
                 self._num_waiting -= 1
                 spawn = self._num_waiting == 0 and self._num_threads < MAX_THREADS
             if spawn:
                 threading.Thread(target=self._serve_loop, name="serve", daemon=True).start()
-            self._answer(frame)
+            self._answer(request)
             with self._state_lock:
                 self._num_waiting += 1
 
-    def _answer(self, frame: bytes) -> None:
+    def _share(self, t) -> list | None:
+        return self._shared.reference(t, move=getattr(self._local, "move", False))
+
+    def callback(self, op: str, stub: TrustedStub, name: str | None, args=(), kwargs=None):
+        """Runs ``op`` on the trusted object behind ``stub`` (in the trusted process).
+
+        NOTE: the calling thread waits; another serving thread reads the answer, so other calls
+        (and call-backs) go on meanwhile.
+        """
+        cb_id = next(self._callback_ids)
+        # NOTE: tensors lent to trusted code (a model writing K/V into the engine's cache) go
+        # by reference, as in one process: its writes must land in the worker's tensors.
+        self._local.move = True
+        try:
+            body = self._codec.pack([op, stub, name, list(args), dict(kwargs or {})])
+        finally:
+            self._local.move = False
+        waiter = self._callbacks[cb_id] = _Waiter()
+        self._ensure_reader()
+        envelope = msgpack.packb([cb_id, "cb", body], use_bin_type=True)
+        with self._send_lock:
+            write_all(self._out_fd, frame_header(len(envelope)) + envelope)
+        waiter.event.wait()
+        status, payload = waiter.reply
+        if status:
+            raise _rebuild_error(payload)
+        return payload
+
+    def _ensure_reader(self) -> None:
+        """Starts a serving thread when none is waiting on the pipe (to read the answer)."""
+        with self._state_lock:
+            spawn = self._num_waiting == 0 and self._num_threads < MAX_THREADS
+        if spawn:
+            threading.Thread(target=self._serve_loop, name="serve", daemon=True).start()
+
+    def _answer(self, request) -> None:
         req_id, op, copyback, pure = 0, "", [], False
         try:
-            req_id, op, target, name, args, kwargs = self._codec.unpack(frame)
+            if isinstance(request, BaseException):
+                raise request
+            req_id, op, target, name, args, kwargs = request
             # NOTE: decided before the call: a pure read runs no student code.
             pure = op == "snap" or (op == "getattr" and _pure_getattr(target, name))
             originals = _array_bytes(args, kwargs)
-            result = self._run(op, target, name, args, kwargs)
+            counter = self._torch_calls
+            if counter is not None and op in _COUNTED_OPS:
+                with _TorchCallCounter(counter):
+                    result = self._run(op, target, name, args, kwargs)
+            else:
+                result = self._run(op, target, name, args, kwargs)
             copyback = _changed_arrays(args, kwargs, originals) if originals else []
-            status, payload = 0, self._codec.pack(result)
+            # An attribute that is a tensor (a pool's cache) crosses by reference: the tests'
+            # writes to it must reach the worker, and its views must alias it.
+            # NOTE: not when trusted code reads it inside a call-back (a model reading a step's
+            # inputs): those tensors live one step, and a shared one lives as long as the worker.
+            self._local.move = op == "getattr" and not kwargs
+            try:
+                if type(result) in _LIVE_TYPES and not pure and op != "op" \
+                        and sys.getrefcount(result) > _FRESH_REFS:
+                    # NOTE: a list (dict, set) the student's object still holds: in one process
+                    # the caller would hold that very list, and editing it would edit the
+                    # object. It stays here as a handle, so that is what happens isolated too.
+                    status, payload = 0, self._codec.pack(msgpack.ExtType(
+                        EXT_HANDLE, self._codec.pack(self._table.handle(result))))
+                else:
+                    status, payload = 0, self._codec.pack(result)
+            finally:
+                self._local.move = False
         except BaseException as exc:  # noqa: BLE001 — every failure goes back as data
             status, payload = 1, self._codec.pack(_describe_exception(exc))
         try:
@@ -337,10 +537,49 @@ class Worker:
             return getattr(target, name)(*args, **kwargs)
         if op == "op":
             return _OPS[name](target, *args)
+        if op == "given":
+            # Lab plumbing (``labs.<lab>._sequence.Sequence``) that must live beside the
+            # student's objects: the worker's own import of it.
+            module, _, attr = name.partition(":")
+            if not module.startswith(("labs.", "reference.")) or attr.startswith("_"):
+                raise ValueError(f"{name!r} is not given lab code")
+            import importlib
+
+            return getattr(importlib.import_module(module), attr)
+        if op == "count_torch_calls":
+            # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
+            # student's code runs: here. start -> None; stop -> the count since start.
+            if name == "start":
+                self._torch_calls = [0]
+                return None
+            counter, self._torch_calls = self._torch_calls, None
+            return counter[0] if counter else 0
         raise ValueError(f"unknown request {op!r}")
 
 
+#: Requests whose student code a torch-call count covers.
+_COUNTED_OPS = frozenset({"call", "callmethod", "getattr", "setattr", "op"})
+
+
+def _TorchCallCounter(counter: list):  # noqa: N802 — a class made on first use (torch is heavy)
+    """Returns a torch function mode adding every torch call made inside it to ``counter[0]``."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counter(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            counter[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Counter()
+
+
+#: Containers returned as handles when something else still holds them (see Worker._answer).
+_LIVE_TYPES = frozenset({list, dict, set, bytearray})
+#: References to a fresh result inside Worker._answer: its local name and getrefcount's argument.
+_FRESH_REFS = 2
+
 _OPS = {
+    "value": lambda obj: type(obj)(obj) if type(obj) in _LIVE_TYPES else None,
     "len": len,
     "iter": lambda obj: list(obj),
     "getitem": lambda obj, key: obj[key],
@@ -361,12 +600,19 @@ _PLAIN_TYPES = frozenset({int, float, str, bool, type(None), bytes, list, tuple,
 
 
 def _arrays_of(args: list, kwargs: dict):
-    for key, value in enumerate(args):
-        if type(value) not in _PLAIN_TYPES and _is_array(value):
+    # NOTE: a tensor in shared memory is skipped: the caller already sees every write to it.
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if type(value) not in _PLAIN_TYPES and _is_array(value) and not _shared_tensor(value):
             yield key, value
-    for key, value in kwargs.items():
-        if type(value) not in _PLAIN_TYPES and _is_array(value):
-            yield key, value
+
+
+def _shared_tensor(value) -> bool:
+    worker = _WORKER[0] if _WORKER else None
+    return worker is not None and not isinstance(value, np.ndarray) and \
+        worker._shared.is_shared(value)
+
+
+_WORKER: list = []
 
 
 def _is_array(value) -> bool:
@@ -408,7 +654,9 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)
     sys.stdin = open(os.devnull)
     sys.stdout = sys.stderr
-    Worker(argv[0], requests, replies).serve()
+    worker = Worker(argv[0], requests, replies)
+    _WORKER.append(worker)
+    worker.serve()
     return 0
 
 

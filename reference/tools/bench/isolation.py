@@ -4,7 +4,9 @@ each lab's wall time graded in-process vs isolated.
 Per call: a raw pipe round trip to a child process (the floor: two context switches), then
 calls through the proxy (:mod:`reference.grader.proxy`) to Lab 1's solution in a worker: a
 method with an int argument, one with a list argument, and the same method called from 4 threads
-at once. Wall time: ``run_lab_tests`` (the grader's runner, solutions, hidden tests included) per
+at once. Then Lab 2's pool in a worker: ``add_sequence`` + ``free_sequence`` with the worker's own
+block allocator and with a trusted one (every allocator call a call-back to this process), and
+reading ``pool.key_cache`` (shared memory: the first read moves it, later reads map nothing). Wall time: ``run_lab_tests`` (the grader's runner, solutions, hidden tests included) per
 lab, once in-process and once isolated. Needs root or passwordless sudo (a worker user).
 """
 
@@ -20,7 +22,8 @@ import time
 from reference.tools.bench._common import DEFAULT_OUT, format_table, write_results
 
 LAB = "lab01_block_manager"
-DEFAULT_LABS = ["lab01_block_manager", "lab02_kv_cache_pool", "lab03_paged_attention_oracle"]
+DEFAULT_LABS = ["lab01_block_manager", "lab02_kv_cache_pool", "lab03_paged_attention_oracle",
+                "lab04_decode_kernels", "lab05_prefill_kernels", "lab06_serving_engine"]
 
 _ECHO = ("import os\n"
          "while (b := os.read(0, 65536)):\n"
@@ -92,6 +95,45 @@ def proxied_call_us(reps: int) -> dict:
         client.kill()
 
 
+def callback_us(reps: int) -> dict:
+    """Returns µs for Lab 2 pool calls whose allocator lives in the worker vs in this process,
+    and µs per ``pool.key_cache`` read (the first one moves the tensor to shared memory)."""
+    os.environ.setdefault("LAB_IMPL", "solution")
+    import torch  # noqa: F401 — NOTE: loaded before timing, as in every Lab 2 test process
+
+    from reference.block_allocator import TrustedBlockAllocator
+    from reference.grader.proxy import WorkerClient
+
+    client = WorkerClient("lab02_kv_cache_pool")
+    try:
+        def pool(block_manager=None):
+            return client.module.KVCachePool(64, 4, 2, 8, max_num_seqs=4, max_model_len=64,
+                                             block_manager=block_manager)
+
+        def add_free(p):
+            def loop(k):
+                for _ in range(k):
+                    p.add_sequence(0, 9)
+                    p.free_sequence(0)
+            return loop
+
+        local, trusted = pool(), pool(TrustedBlockAllocator(64))
+        reader = pool()
+        t0 = time.perf_counter_ns()
+        reader.key_cache  # noqa: B018 — the first read: moved into shared memory and mapped
+        first_us = (time.perf_counter_ns() - t0) / 1e3
+
+        def read(k):
+            for _ in range(k):
+                reader.key_cache  # noqa: B018
+
+        return {"add_free_worker_bm_us": _us_per(add_free(local), reps // 4),
+                "add_free_trusted_bm_us": _us_per(add_free(trusted), reps // 4),
+                "first_cache_read_us": first_us, "cache_read_us": _us_per(read, reps)}
+    finally:
+        client.kill()
+
+
 def lab_wall_s(lab: str, isolated: bool) -> tuple[float, int, int]:
     """Returns (seconds, tests passed, tests run) for grading ``lab``'s solution once."""
     from reference.grader.runner import run_lab_tests
@@ -116,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                                  ("list_arg_us", "with a list arg µs", ".0f"),
                                  ("threads4_us", "4 threads, µs/call", ".0f"),
                                  ("worker_start_s", "worker start s", ".2f")]))
+    backs = callback_us(args.reps)
+    calls.update(backs)
+    print("\nLab 2 pool in a worker (add_sequence + free_sequence; key_cache reads)")
+    print(format_table([backs], [("add_free_worker_bm_us", "worker's allocator µs", ".0f"),
+                                 ("add_free_trusted_bm_us", "trusted allocator µs", ".0f"),
+                                 ("first_cache_read_us", "1st key_cache read µs", ".0f"),
+                                 ("cache_read_us", "later reads µs", ".0f")]))
     rows = []
     for lab in args.labs:
         in_s, in_ok, in_n = lab_wall_s(lab, isolated=False)
