@@ -94,6 +94,10 @@ def block_hash(parent_hash: int | None, token_ids: list[int]) -> int:
     a tuple of ints is enough: it is the same in every process (only ``str``/``bytes`` hashes
     are randomised) and the engine never stores it.
 
+    NOTE: the first block's missing parent is hashed as the int -1, not as ``None``: before
+    Python 3.12 ``hash(None)`` comes from ``None``'s address and differs between processes.
+    No ``hash()`` result is ever -1 (CPython reserves it), so -1 cannot be a real parent.
+
     Args:
         parent_hash: the previous block's hash, None for the first block.
         token_ids: the block's ``block_size`` tokens.
@@ -101,7 +105,7 @@ def block_hash(parent_hash: int | None, token_ids: list[int]) -> int:
     Returns:
         The hash.
     """
-    return hash((parent_hash, tuple(token_ids)))
+    return hash((-1 if parent_hash is None else parent_hash, tuple(token_ids)))
 
 
 def sample(logits: torch.Tensor, temperatures: list[float],
