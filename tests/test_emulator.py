@@ -456,3 +456,130 @@ def test_endless_loop_stops_with_a_timeout(tmp_path, monkeypatch):
         extern "C" __global__ void k(volatile int* flag) { while (*flag == 0) {} }""")
     with pytest.raises(KernelTimeoutError, match=r"kernel k, block \(0, 0, 0\)"):
         rcuda.launch(k, (1,), (2,), (rcuda.ptr(torch.zeros(1, dtype=torch.int32)),))
+
+
+# ----------------------------------------------------------------------------- racecheck
+
+RACE_KERNELS = """
+    #include "pagedlab_ptx.cuh"
+    // Clean: write, barrier, read another warp's slot, barrier, reuse.
+    extern "C" __global__ void clean(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      __syncthreads();
+      const float v = s[63 - threadIdx.x];
+      __syncthreads();
+      s[threadIdx.x] = 2.f * v;
+      __syncthreads();
+      out[threadIdx.x] = s[threadIdx.x ^ 32];
+    }
+    // RAW across warps: the barrier is missing.
+    extern "C" __global__ void raw(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      out[threadIdx.x] = s[63 - threadIdx.x];
+    }
+    // WAR: warp 1 overwrites what warp 0 still reads (no barrier before reuse).
+    extern "C" __global__ void war(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      __syncthreads();
+      const float v = s[63 - threadIdx.x];
+      s[threadIdx.x] = v;
+      out[threadIdx.x] = v;
+    }
+    // Lanes of one warp: ordered by __syncwarp, unordered without it.
+    extern "C" __global__ void lanes(float* out, int sync) {
+      __shared__ float s[32];
+      s[threadIdx.x] = threadIdx.x;
+      if (sync) __syncwarp();
+      out[threadIdx.x] = s[threadIdx.x ^ 1];
+    }
+    // cp.async: reading the destination before the wait that lands it is a hazard.
+    extern "C" __global__ void async_copy(const float* in, float* out, int early) {
+      __shared__ __align__(16) float s[64 * 4];
+      cp_async_16(__cvta_generic_to_shared(&s[4 * threadIdx.x]), in + 4 * threadIdx.x, 16);
+      cp_async_commit();
+      if (!early) cp_async_wait_all();
+      __syncthreads();
+      out[threadIdx.x] = s[4 * (63 - threadIdx.x)];
+      if (early) cp_async_wait_all();
+    }
+    // Atomics never race.
+    extern "C" __global__ void atomics(int* out) {
+      __shared__ int n;
+      if (threadIdx.x == 0) n = 0;
+      __syncthreads();
+      atomicAdd(&n, 1);
+      __syncthreads();
+      if (threadIdx.x == 0) out[0] = n;
+    }
+"""
+
+
+def _race(tmp_path, name, *args, block=64):
+    k = kernel(tmp_path, RACE_KERNELS, name)
+    with emulate.racecheck() as report:
+        rcuda.launch(k, (2,), (block,), args)
+    assert report.launches == 1
+    return report
+
+
+def test_racecheck_passes_ordered_kernels(tmp_path):
+    """Accesses ordered by __syncthreads, by __syncwarp within a warp, by the cp.async wait, and
+    atomics: no hazard, and the results are the plain build's."""
+    out = torch.zeros(64)
+    assert _race(tmp_path, "clean", rcuda.ptr(out)).hazards == []
+    assert out.tolist() == [2.0 * (63 - (t ^ 32)) for t in range(64)]
+    assert _race(tmp_path, "lanes", rcuda.ptr(out), np.int32(1), block=32).hazards == []
+    src = torch.arange(256, dtype=torch.float32)
+    assert _race(tmp_path, "async_copy", rcuda.ptr(src), rcuda.ptr(out), np.int32(0)).hazards == []
+    assert out.tolist() == [float(4 * (63 - t)) for t in range(64)]
+    count = torch.zeros(1, dtype=torch.int32)
+    assert _race(tmp_path, "atomics", rcuda.ptr(count)).hazards == []
+    assert count.item() == 64
+
+
+@pytest.mark.parametrize("name, kind", [("raw", "RAW"), ("war", "WAR")])
+def test_racecheck_reports_a_missing_barrier(tmp_path, name, kind):
+    """A missing __syncthreads between two warps' accesses is reported with the kernel, the
+    shared array and offset, both (block, thread) pairs and the source lines. (Warp 1's read
+    of warp 0's slot is RAW; its write over a slot warp 0 read is WAR: both kernels have both.)"""
+    out = torch.zeros(64)
+    report = _race(tmp_path, name, rcuda.ptr(out))
+    kinds = [h.kind for h in report.hazards]
+    assert kind in kinds, f"{name}: expected a {kind} hazard, got {kinds}"
+    h = report.hazards[kinds.index(kind)]
+    assert h.kernel == name
+    assert h.location.startswith("s+") and h.block == "(0, 0, 0)"
+    assert h.first[0] != h.second[0]
+    assert h.first[1].startswith("k.cu:") and h.second[1].startswith("k.cu:"), h
+    assert "RACECHECK SUMMARY" in report.summary() and f"kernel {name}" in report.summary()
+
+
+def test_racecheck_orders_lanes_only_through_collectives(tmp_path):
+    """Lanes of one warp that exchange through shared memory without __syncwarp race (the GPU
+    does not run a warp in lockstep since Volta)."""
+    out = torch.zeros(32)
+    report = _race(tmp_path, "lanes", rcuda.ptr(out), np.int32(0), block=32)
+    assert sorted(h.kind for h in report.hazards) == ["RAW", "WAR"]
+
+
+def test_racecheck_sees_a_read_before_the_cp_async_wait(tmp_path):
+    """A cp.async destination read by another thread before the wait that lands it is a hazard
+    (on the GPU a race the copy usually wins)."""
+    src = torch.arange(256, dtype=torch.float32)
+    out = torch.zeros(64)
+    report = _race(tmp_path, "async_copy", rcuda.ptr(src), rcuda.ptr(out), np.int32(1))
+    assert "WAR" in [h.kind for h in report.hazards]
+
+
+def test_racecheck_env_raises_at_the_first_racy_launch(tmp_path, monkeypatch):
+    """PAGEDLAB_EMU_RACECHECK=1 runs every launch under racecheck and stops at a hazard."""
+    from reference.errors import KernelRaceError
+
+    k = kernel(tmp_path, RACE_KERNELS, "raw")
+    out = torch.zeros(64)
+    monkeypatch.setenv(emulate.RACECHECK_ENV, "1")
+    with pytest.raises(KernelRaceError, match=r"RAW hazard .* kernel raw on shared s\+"):
+        rcuda.launch(k, (1,), (64,), (rcuda.ptr(out),))

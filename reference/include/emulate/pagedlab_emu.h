@@ -312,7 +312,7 @@ PL_HIDDEN void mma_sync(bool bf16, float* c, const unsigned* a, unsigned b0, uns
 PL_HIDDEN void ldmatrix(bool trans, unsigned* r, unsigned addr, int line);
 // Shared memory and cp.async.
 PL_HIDDEN unsigned char* dynamic_shared();
-PL_HIDDEN void* static_shared(int id, size_t size, size_t align);
+PL_HIDDEN void* static_shared(int id, size_t size, size_t align, const char* name = "");
 PL_HIDDEN unsigned shared_offset(const void* p, const char* what);
 PL_HIDDEN void cp_async(unsigned dst, const void* src, int bytes, int src_bytes);
 PL_HIDDEN void cp_async_commit();
