@@ -583,3 +583,27 @@ def test_racecheck_env_raises_at_the_first_racy_launch(tmp_path, monkeypatch):
     monkeypatch.setenv(emulate.RACECHECK_ENV, "1")
     with pytest.raises(KernelRaceError, match=r"RAW hazard .* kernel raw on shared s\+"):
         rcuda.launch(k, (1,), (64,), (rcuda.ptr(out),))
+
+
+def test_large_arrays_are_paged_in_lazily_and_still_fenced(tmp_path):
+    """An argument array of 256 MiB or more is not copied up front: the pages a kernel touches
+    come in on first access and go back after the launch (a 4 GiB cache costs what a kernel
+    reads), and one element past the end still traps."""
+    import mmap
+
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* big, long long n, long long extra) {
+          const long long i = n - 1 - threadIdx.x * 1000003LL;
+          big[i + extra] = big[i] + 1.f;
+        }""")
+    n = (300 << 20) // 4
+    buf = mmap.mmap(-1, n * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    big = torch.frombuffer(buf, dtype=torch.float32)
+    idx = torch.tensor([n - 1 - t * 1000003 for t in range(32)])
+    big[idx] = 41.0
+    rcuda.launch(k, (1,), (32,), (rcuda.ptr(big), np.int64(n), np.int64(0)))
+    assert big[idx].tolist() == [42.0] * 32
+    assert float(big[:1000].abs().sum()) == 0.0  # untouched pages stay as they were
+    with pytest.raises(KernelOutOfBoundsError, match=r"out-of-bounds write of big at element "
+                                                     rf"index {n}\b"):
+        rcuda.launch(k, (1,), (1,), (rcuda.ptr(big), np.int64(n), np.int64(1)))

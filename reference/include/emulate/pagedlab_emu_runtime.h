@@ -71,6 +71,14 @@ struct Region {  // a fenced copy of one argument buffer
   int elem_size = 1;
   bool is_const = false;
   const char* name = "";
+  // Lazy regions (arrays of LAZY_BYTES or more): no copy up front; a page of the array is
+  // copied in from the caller's memory at the first access that touches it (the trap handler
+  // does it and resumes the access), and only touched pages are copied back. The end fence
+  // stays exact, and a 9 GiB cache costs the pages a kernel reads, not 9 GiB.
+  bool lazy = false;
+  const unsigned char* host = nullptr;
+  unsigned char* pages_lo = nullptr;  // first data page (page-aligned)
+  std::vector<unsigned char> touched;  // per data page: copied in
 };
 
 struct Launch {
@@ -941,6 +949,8 @@ inline std::string describe_fault(void* addr, bool is_write, int sig) {
   return msg;
 }
 
+inline bool fill_lazy_page(Launch& l, const void* addr);
+
 inline void on_trap(int sig, siginfo_t* info, void* ctx) {
   Launch* l = launch_ref();
   if (!l || !l->running) {  // not ours
@@ -948,6 +958,8 @@ inline void on_trap(int sig, siginfo_t* info, void* ctx) {
     signal(sig, SIG_DFL);
     return;
   }
+  // First touch of a lazy array's page: copy it in and retry the access.
+  if ((sig == SIGSEGV || sig == SIGBUS) && fill_lazy_page(*l, info->si_addr)) return;
   bool is_write = false;
 #if defined(__x86_64__) && defined(__linux__)
   is_write = (static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
@@ -994,6 +1006,8 @@ inline size_t page_size() { return size_t(sysconf(_SC_PAGESIZE)); }
 constexpr size_t GUARD_BYTES = size_t(1) << 30;  // inaccessible on both sides of every array
 
 // Copies a host buffer into a fenced mapping: the array's last byte touches the upper guard.
+constexpr size_t LAZY_BYTES = size_t(256) << 20;
+
 inline bool make_region(Region& r, const BufferArg& b) {
   const size_t page = page_size();
   const size_t data_pages = (b.nbytes + page - 1) / page + 1;
@@ -1004,7 +1018,8 @@ inline bool make_region(Region& r, const BufferArg& b) {
   r.map = static_cast<unsigned char*>(m);
   unsigned char* lo = r.map + GUARD_BYTES;
   unsigned char* hi = lo + data_pages * page;
-  if (mprotect(lo, data_pages * page, PROT_READ | PROT_WRITE) != 0) return false;
+  const bool lazy = b.nbytes >= LAZY_BYTES;
+  if (!lazy && mprotect(lo, data_pages * page, PROT_READ | PROT_WRITE) != 0) return false;
   // End-aligned, but keep the alignment a vector load needs (16 bytes when the size allows it).
   const size_t align = b.nbytes % 16 == 0 ? 16 : (b.elem_size > 0 ? size_t(b.elem_size) : 1);
   uintptr_t start = (uintptr_t)(hi - b.nbytes);
@@ -1014,12 +1029,52 @@ inline bool make_region(Region& r, const BufferArg& b) {
   r.elem_size = b.elem_size > 0 ? b.elem_size : 1;
   r.is_const = b.is_const != 0;
   r.name = b.name;
+  if (lazy) {
+    r.lazy = true;
+    r.host = reinterpret_cast<const unsigned char*>(b.host);
+    r.pages_lo = lo;
+    r.touched.assign(data_pages, 0);
+    return true;
+  }
   if (b.nbytes) std::memcpy(r.data, reinterpret_cast<const void*>(b.host), b.nbytes);
   if (r.is_const) {  // inputs are read-only: a write traps
     const uintptr_t first = (uintptr_t)r.data / page * page;
     mprotect(reinterpret_cast<void*>(first), (uintptr_t)hi - first, PROT_READ);
   }
   return true;
+}
+
+// Copies in the page of a lazy region that `addr` falls in (see Region). False when `addr` is
+// no untouched page of a lazy array (an out-of-bounds access, or a write to a const input).
+inline bool fill_lazy_page(Launch& l, const void* addr) {
+  const size_t page = page_size();
+  const unsigned char* a = static_cast<const unsigned char*>(addr);
+  for (Region& r : l.regions) {
+    if (!r.lazy || a < r.pages_lo || a >= r.pages_lo + r.touched.size() * page) continue;
+    const size_t k = size_t(a - r.pages_lo) / page;
+    if (r.touched[k]) return false;
+    unsigned char* p = r.pages_lo + k * page;
+    if (mprotect(p, page, PROT_READ | PROT_WRITE) != 0) return false;
+    unsigned char* from = std::max(p, r.data);
+    unsigned char* to = std::min(p + page, r.data + r.nbytes);
+    if (from < to) std::memcpy(from, r.host + (from - r.data), size_t(to - from));
+    if (r.is_const) mprotect(p, page, PROT_READ);
+    r.touched[k] = 1;
+    return true;
+  }
+  return false;
+}
+
+// A lazy output array goes back page by page: only what the kernel touched.
+inline void copy_back_lazy(const Region& r, unsigned char* host) {
+  const size_t page = page_size();
+  for (size_t k = 0; k < r.touched.size(); ++k) {
+    if (!r.touched[k]) continue;
+    unsigned char* p = r.pages_lo + k * page;
+    unsigned char* from = std::max(p, r.data);
+    unsigned char* to = std::min(p + page, r.data + r.nbytes);
+    if (from < to) std::memcpy(host + (from - r.data), from, size_t(to - from));
+  }
 }
 
 inline void free_regions(Launch& l) {
@@ -1169,9 +1224,13 @@ extern "C" PL_EXPORT int pagedlab_emu_run(const pagedlab_emu::KernelEntry* k,
           run_block(l);
         }
     // Success: the argument arrays go back to the caller's memory.
-    for (int i = 0; i < nbuf; ++i)
-      if (!bufs[i].is_const && bufs[i].nbytes)
+    for (int i = 0; i < nbuf; ++i) {
+      if (bufs[i].is_const || !bufs[i].nbytes) continue;
+      if (l.regions[i].lazy)
+        copy_back_lazy(l.regions[i], reinterpret_cast<unsigned char*>(bufs[i].host));
+      else
         std::memcpy(reinterpret_cast<void*>(bufs[i].host), l.regions[i].data, bufs[i].nbytes);
+    }
   } else {
     rc = 1;
   }
