@@ -607,3 +607,23 @@ def test_large_arrays_are_paged_in_lazily_and_still_fenced(tmp_path):
     with pytest.raises(KernelOutOfBoundsError, match=r"out-of-bounds write of big at element "
                                                      rf"index {n}\b"):
         rcuda.launch(k, (1,), (1,), (rcuda.ptr(big), np.int64(n), np.int64(1)))
+
+
+def test_agreement_tool_records_and_compares(tmp_path, capsys):
+    """`pagedlab bench agreement`: a recording (here made on the emulated device) compared with
+    the emulated device agrees exactly; a recording whose output was altered past the tests'
+    tolerance is reported as DISAGREE with exit status 1."""
+    from reference.tools.bench import agreement
+
+    folder = tmp_path / "rec"
+    only = "lab4-v1-ragged,lab5-tiled-varlen"
+    assert agreement.main(["--record", str(folder), "--device", "emulate", "--only", only]) == 0
+    assert agreement.main(["--compare", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 outputs agree" in out and "DISAGREE" not in out
+    path = folder / "lab4-v1-ragged-f16.npz"
+    data = dict(np.load(path))
+    data["result_out"] = data["result_out"] + 0.05
+    np.savez(path, **data)
+    assert agreement.main(["--compare", str(folder)]) == 1
+    assert "DISAGREE" in capsys.readouterr().out
