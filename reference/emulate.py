@@ -13,10 +13,12 @@ Compilation (cached per source digest and options under ``~/.cache/pagedlab-emu/
     -> append one trampoline per ``extern "C"`` kernel
     -> g++ -O2 -std=c++17 -fPIC -shared  -> a .so loaded with ctypes
 
-Launching copies every array argument into memory fenced by guard pages (see the header), runs
-the grid block by block, and copies the arrays back. Errors a GPU cannot give are raised as
+Launching copies every array argument into memory fenced by guard pages (see the header; arrays
+of 256 MiB or more are paged in lazily instead), runs the grid block by block, and copies the
+arrays back. Errors a GPU cannot give are raised as
 :class:`~reference.errors.KernelOutOfBoundsError` and
-:class:`~reference.errors.KernelDeadlockError`.
+:class:`~reference.errors.KernelDeadlockError`. :func:`racecheck` runs launches under the
+emulator's shared-memory race detector (compute-sanitizer racecheck's counterpart).
 """
 
 from __future__ import annotations

@@ -39,8 +39,14 @@
 //   * mma.sync / ldmatrix / cp.async follow the PTX ISA's fragment layouts exactly (fp32
 //     accumulation); cp.async copies are queued per thread and land at the cp.async.wait_group
 //     that covers them, so a read before the wait sees poison, as it may on the GPU.
-// What emulation does not prove: timing, real data races between threads that the scheduler
-// happens to order safely, memory-model subtleties (fences, volatile), bank conflicts.
+//   * arrays of 256 MiB or more are fenced the same way but paged in lazily: the trap handler
+//     copies a page in at its first touch, so a 4 GiB cache costs the pages a kernel reads.
+//   * racecheck (emulate.racecheck()): the kernel is rebuilt with g++ -fsanitize=thread, whose
+//     per-access hooks the engine answers with a shared-memory race detector that orders
+//     accesses by barrier epochs and warp collectives, not by the scheduler's one order
+//     (pagedlab_emu_runtime.h, "racecheck state").
+// What emulation does not prove: timing, memory-model subtleties (fences, volatile, races in
+// global memory), bank conflicts.
 #pragma once
 
 #ifndef PAGEDLAB_EMULATE
