@@ -736,8 +736,8 @@ def racecheck():
 
     The emulated counterpart of ``compute-sanitizer --tool racecheck``: each launch runs the
     kernel's racecheck build, which reports every pair of accesses to the same shared-memory
-    byte by two threads that no ``__syncthreads`` (or, within a warp, no collective) orders, at
-    least one of them a write; a ``cp.async`` write counts as in flight until the wait that
+    byte by two threads that no ``__syncthreads`` (or, within a warp, no ``__syncwarp``)
+    orders, at least one of them a write; a ``cp.async`` write counts as in flight until the wait that
     lands it. Unlike a GPU run, the verdict does not depend on timing. Launches are a few times
     slower than without it.
 

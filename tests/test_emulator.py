@@ -495,6 +495,13 @@ RACE_KERNELS = """
       if (sync) __syncwarp();
       out[threadIdx.x] = s[threadIdx.x ^ 1];
     }
+    // A shuffle exchanges registers, not memory: it orders no shared-memory access.
+    extern "C" __global__ void shfl_only(float* out) {
+      __shared__ float s[32];
+      s[threadIdx.x] = threadIdx.x;
+      const float v = __shfl_sync(0xffffffffu, 1.f * threadIdx.x, 0);
+      out[threadIdx.x] = s[threadIdx.x ^ 1] + v;
+    }
     // cp.async: reading the destination before the wait that lands it is a hazard.
     extern "C" __global__ void async_copy(const float* in, float* out, int early) {
       __shared__ __align__(16) float s[64 * 4];
@@ -563,6 +570,14 @@ def test_racecheck_orders_lanes_only_through_collectives(tmp_path):
     out = torch.zeros(32)
     report = _race(tmp_path, "lanes", rcuda.ptr(out), np.int32(0), block=32)
     assert sorted(h.kind for h in report.hazards) == ["RAW", "WAR"]
+
+
+def test_racecheck_a_shuffle_orders_no_memory(tmp_path):
+    """A __shfl_sync between one lane's write and another's read is no __syncwarp: the pair is
+    a hazard (as compute-sanitizer's racecheck reports it)."""
+    out = torch.zeros(32)
+    report = _race(tmp_path, "shfl_only", rcuda.ptr(out), block=32)
+    assert "RAW" in [h.kind for h in report.hazards]
 
 
 def test_racecheck_sees_a_read_before_the_cp_async_wait(tmp_path):

@@ -120,8 +120,8 @@ std::string where(const Fiber& f);
 // accesses to the block's shared memory only. Happens-before is tracked with epochs, not with
 // the scheduler's actual order (which is one of many the GPU could pick):
 //   * a block epoch, advanced when a __syncthreads releases (and when a new block starts);
-//   * per warp, a count of completed collectives (__syncwarp, shuffles, votes, mma, ldmatrix):
-//     two lanes of one warp are ordered when a collective lies between their accesses;
+//   * per warp, a count of completed __syncwarp()s: two lanes of one warp are ordered when one
+//     lies between their accesses (shuffles and other collectives exchange registers only);
 //   * a cp.async write is in flight from its issue until the wait_group that lands it: any
 //     other thread's access to its bytes in between is a hazard.
 // Per shared byte the shadow keeps the last write and up to two reads of the current epoch;
@@ -365,6 +365,7 @@ inline void resolve_block(Launch& l) {
 // A warp collective: this lane deposits NIN words, parks, and gets NOUT words back. The last
 // lane of the mask to arrive runs `combine` for all of them (warp lockstep at collectives).
 typedef void (*Combine)(Warp& w, unsigned lanes);
+inline void combine_nothing(Warp&, unsigned);  // __syncwarp's (defined below)
 
 inline void warp_collective(unsigned mask, const unsigned* in, int nin, unsigned* out, int nout,
                             const char* what, int line, Combine combine) {
@@ -400,7 +401,10 @@ inline void warp_collective(unsigned mask, const unsigned* in, int nin, unsigned
       }
     }
     combine(w, need);
-    ++w.sync;  // racecheck: the lanes' accesses before and after are ordered
+    // racecheck: __syncwarp orders the memory accesses of its lanes. NOTE: shuffles, votes,
+    // mma and ldmatrix exchange registers only; they order no memory (compute-sanitizer's
+    // racecheck, too, reports lanes that share memory across a bare __shfl_sync).
+    if (combine == combine_nothing) ++w.sync;
     w.arrived &= ~need;
     for (int i = 0; i < 32; ++i) {
       if (((need >> i) & 1u) && i != f.lane) {
@@ -821,13 +825,10 @@ inline void combine_ldmatrix(Warp& w, unsigned lanes) {
 }
 void ldmatrix(bool trans, unsigned* r, unsigned addr, int line) {
   unsigned in[1] = {addr};
-  if (race().base) {
-    // This lane's row (16 bytes) is read at the collective. NOTE: counted as after the
-    // collective's own ordering point, so writes by lanes of this warp just before it are not
-    // reported (the kernels order those with the __syncthreads that precedes an ldmatrix).
+  if (race().base) {  // this lane's row (16 bytes) is read by the collective
     const Fiber& f = cur();
     race_access(shared_at(addr, 16, "ldmatrix row"), 16, false, __builtin_return_address(0),
-                L().warps[f.warp].sync + 1);
+                L().warps[f.warp].sync);
   }
   warp_collective(0xffffffffu, in, 1, r, 4, trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", line,
                   trans ? combine_ldmatrix<true> : combine_ldmatrix<false>);
