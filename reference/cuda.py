@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +82,75 @@ def _compile(source: str, options: tuple[str, ...], backend: str, name_expressio
                           name_expressions=name_expressions)
 
 
+# ----------------------------------------------------------------------------- sm_80 stages
+
+#: What only sm_80+ has, as the kernel source spells it (the PTX wrappers of pagedlab_ptx.cuh or
+#: the raw PTX): a file that uses one cannot run on a T4 (sm_75).
+SM80_FEATURES = (("mma.sync m16n8k16", re.compile(r"\bmma_16816\b|mma\.sync\.aligned\.m16n8k16")),
+                 ("ldmatrix", re.compile(r"\bldmatrix_x4(?:_trans)?\b|\bldmatrix\.sync")),
+                 ("cp.async", re.compile(r"\bcp_async_16\b|\bcp\.async\.(?:ca|cg)")))
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def sm80_features(cu_path: str | Path) -> list[str]:
+    """The sm_80-only features a kernel file uses (comments ignored), in SM80_FEATURES order.
+
+    Args:
+        cu_path: the ``.cu`` file (its own text: the shared headers only define wrappers).
+
+    Returns:
+        Feature names, empty for a file that runs on sm_75.
+    """
+    st = Path(cu_path).stat()
+    return list(_sm80_features(str(cu_path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _sm80_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    # NOTE: keyed on mtime and size too, so an edited kernel file is scanned again.
+    text = _COMMENT_RE.sub(" ", Path(path).read_text())
+    return tuple(name for name, pattern in SM80_FEATURES if pattern.search(text))
+
+
+def device_capability() -> tuple[int, int]:
+    """The current CUDA device's compute capability, e.g. ``(7, 5)`` for a T4."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability())
+
+
+def check_capability(cu_path: str | Path, name: str | None = None,
+                     capability: tuple[int, int] | None = None) -> None:
+    """Refuses a stage that needs sm_80 on an older GPU, before CuPy compiles it.
+
+    Args:
+        cu_path: the stage's kernel file.
+        name: the kernel, for the message.
+        capability: the device's (default: :func:`device_capability`).
+
+    Raises:
+        UnsupportedConfigError: the file uses mma.sync m16n8k16, ldmatrix or cp.async and the
+            device's compute capability is below 8.0; names the stage, what it needs and the
+            ways to run it.
+    """
+    from reference.errors import UnsupportedConfigError
+
+    features = sm80_features(cu_path)
+    if not features:
+        return
+    major, minor = capability or device_capability()
+    if (major, minor) >= (8, 0):
+        return
+    stage = f"kernel {name} ({Path(cu_path).name})" if name else Path(cu_path).name
+    raise UnsupportedConfigError(
+        f"{stage} needs compute capability 8.0 (sm_80) or newer: it uses {', '.join(features)}; "
+        f"this GPU is {major}.{minor} (sm_{major}{minor}; a Colab or Kaggle T4 is 7.5). Run this "
+        "stage on an sm_80+ GPU (A100, L4, H100, ...), or on the CPU with PAGEDLAB_DEVICE=emulate; "
+        "the CUDA-core stages run on this GPU.")
+
+
 def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: str = "nvrtc",
-                name_expressions: tuple[str, ...] | None = None):
+                name_expressions: tuple[str, ...] | None = None, kernel_name: str | None = None):
     """Compiles a ``.cu`` file (cached per source text and options) into a CuPy RawModule.
 
     Args:
@@ -91,9 +159,14 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
         options: extra compiler options (``-DNAME=VALUE``, ...).
         backend: ``"nvrtc"`` (default, no toolkit needed) or ``"nvcc"``.
         name_expressions: template instantiations to make addressable, if any.
+        kernel_name: the kernel wanted (names the stage if the device cannot run it).
 
     Returns:
         The compiled ``cupy.RawModule``.
+
+    Raises:
+        UnsupportedConfigError: the file needs sm_80 (mma.sync, ldmatrix, cp.async) and the GPU
+            is older (a T4): see :func:`check_capability`.
     """
     if emulating():
         from reference import emulate
@@ -101,6 +174,7 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
         return emulate.load_module(cu_path, options=tuple(options),
                                    name_expressions=name_expressions)
     path = Path(cu_path)
+    check_capability(path, kernel_name)
     dirs = kernel_include_dirs(path)
     # NOTE: CuPy caches compiled modules by source text and options, which do not change when
     # only an included header does: the headers' digest goes into the source as a comment.
@@ -112,7 +186,7 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
 
 def get_kernel(cu_path: str | Path, name: str, **kwargs):
     """Returns the ``extern "C"`` kernel ``name`` from a ``.cu`` file (see :func:`load_module`)."""
-    return load_module(cu_path, **kwargs).get_function(name)
+    return load_module(cu_path, kernel_name=name, **kwargs).get_function(name)
 
 
 def source_digest(*paths: str | Path) -> str:

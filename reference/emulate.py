@@ -13,10 +13,12 @@ Compilation (cached per source digest and options under ``~/.cache/pagedlab-emu/
     -> append one trampoline per ``extern "C"`` kernel
     -> g++ -O2 -std=c++17 -fPIC -shared  -> a .so loaded with ctypes
 
-Launching copies every array argument into memory fenced by guard pages (see the header), runs
-the grid block by block, and copies the arrays back. Errors a GPU cannot give are raised as
+Launching copies every array argument into memory fenced by guard pages (see the header; arrays
+of 256 MiB or more are paged in lazily instead), runs the grid block by block, and copies the
+arrays back. Errors a GPU cannot give are raised as
 :class:`~reference.errors.KernelOutOfBoundsError` and
-:class:`~reference.errors.KernelDeadlockError`.
+:class:`~reference.errors.KernelDeadlockError`. :func:`racecheck` runs launches under the
+emulator's shared-memory race detector (compute-sanitizer racecheck's counterpart).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +60,10 @@ CXX = os.environ.get("CXX", "g++")
 CXX_FLAGS = (os.environ.get("PAGEDLAB_EMU_OPT", "-O2"), "-std=c++17", "-fPIC", "-shared",
              "-fvisibility=hidden", "-fno-strict-aliasing", "-fwrapv", "-Wno-unknown-pragmas",
              "-Wno-attributes")
+#: The racecheck twin of a kernel library: g++'s ThreadSanitizer instrumentation (a call before
+#: every load and store, which the engine's race detector answers; libtsan itself is never
+#: linked) and line tables, so that a hazard names its source lines.
+RACECHECK_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-g1")
 RUNTIME_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-c")
 
 _forced: list[bool] = []
@@ -146,7 +153,7 @@ class _SharedRewriter:
                 alias = f"__pl_shared_t{self.count}"
                 out.append(f"typedef {typ} {alias}{dims}; {alias}& {name} = "
                            f"*reinterpret_cast<{alias}*>(::pagedlab_emu::static_shared("
-                           f"{self.count}, sizeof({alias}), {align}));")
+                           f"{self.count}, sizeof({alias}), {align}, \"{name}\"));")
             self.count += 1
         return " ".join(out) + "\n" * newlines
 
@@ -371,7 +378,7 @@ def _digest(cu_path: Path, defines: tuple[str, ...], include_dirs: tuple[Path, .
 
 
 def compile_kernel_file(cu_path: str | Path, options: tuple[str, ...] = (),
-                        include_dir: Path | None = None) -> Path:
+                        include_dir: Path | None = None, *, racecheck: bool = False) -> Path:
     """Compiles a ``.cu`` file for the emulated device (cached); returns the ``.so`` path.
 
     Args:
@@ -380,6 +387,9 @@ def compile_kernel_file(cu_path: str | Path, options: tuple[str, ...] = (),
         options: compiler options; ``-D`` / ``-U`` ones are used, the rest (``-std``,
             ``-I``, GPU flags) are the GPU compiler's business.
         include_dir: the workbook's shared headers (``reference/include``).
+        racecheck: build the racecheck twin: every load and store of the kernel code calls the
+            engine's shared-memory race detector (see :func:`racecheck`); slower, so only
+            launches inside ``with racecheck():`` use it.
 
     Raises:
         EmulatorCompileError: g++ is missing, or rejects the source.
@@ -392,7 +402,7 @@ def compile_kernel_file(cu_path: str | Path, options: tuple[str, ...] = (),
     # the workbook's shared headers: the order the GPU compile uses too.
     dirs = tuple(dict.fromkeys((path.parent, *kernel_include_dirs(path), include_dir)))
     defines = tuple(o for o in options if o.startswith(("-D", "-U")))
-    key = _digest(path, defines, dirs)
+    key = _digest(path, defines, dirs) + ("-race" if racecheck else "")
     out_dir = cache_dir() / key
     so = out_dir / f"{path.stem}.so"
     if so.exists():
@@ -407,8 +417,18 @@ def compile_kernel_file(cu_path: str | Path, options: tuple[str, ...] = (),
         (tmp / f"{path.stem}.ii").write_text(source)
         (tmp / "kernels.txt").write_text(
             "\n".join(f"{k} {' '.join(v)}" for k, v in kernels.items()) + "\n")
-        _run([CXX, *CXX_FLAGS, "-x", "c++-cpp-output", str(tmp / f"{path.stem}.ii"), "-x", "none",
-              str(runtime_object()), "-o", str(tmp / so.name)], f"compiling {path.name}")
+        if racecheck:
+            # Compile with the access hooks, then link without libtsan: the engine defines them.
+            obj = tmp / f"{path.stem}.o"
+            _run([CXX, *(f for f in CXX_FLAGS if f != "-shared"), *RACECHECK_FLAGS, "-c",
+                  "-x", "c++-cpp-output", str(tmp / f"{path.stem}.ii"), "-o", str(obj)],
+                 f"compiling {path.name} for racecheck")
+            _run([CXX, "-shared", str(obj), str(runtime_object()), "-o", str(tmp / so.name)],
+                 f"linking {path.name} for racecheck")
+        else:
+            _run([CXX, *CXX_FLAGS, "-x", "c++-cpp-output", str(tmp / f"{path.stem}.ii"),
+                  "-x", "none", str(runtime_object()), "-o", str(tmp / so.name)],
+                 f"compiling {path.name}")
         try:
             tmp.rename(out_dir)
         except OSError:  # another process finished first: use its copy
@@ -479,6 +499,24 @@ class EmulatedModule:
         self._entries = {table[i].name.decode(): ctypes.pointer(table[i]) for i in range(n.value)}
         self._names = names
         self._kernels: dict[str, EmulatedKernel] = {}
+        #: ``(cu_path, options)`` it was built from (set by :func:`load_module`).
+        self.source: tuple[str, tuple[str, ...]] | None = None
+
+    def racecheck_twin(self) -> "EmulatedModule":
+        """The same kernel file built for racecheck (compiled on first use, cached).
+
+        Raises:
+            EmulatorCompileError: g++ rejected the instrumented build.
+        """
+        if self.source is None:
+            raise RuntimeError(f"{self.path.name}: racecheck needs a module from load_module()")
+        cu_path, options = self.source
+        twin = _load(str(compile_kernel_file(cu_path, options, racecheck=True)))
+        twin.source = self.source
+        twin._lib.pagedlab_emu_set_racecheck.argtypes = [ctypes.c_int]
+        twin._lib.pagedlab_emu_race_report.restype = ctypes.c_longlong
+        twin._lib.pagedlab_emu_race_report.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        return twin
 
     def get_function(self, name: str) -> EmulatedKernel:
         """Returns the kernel ``name``.
@@ -519,7 +557,9 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (),
     if name_expressions:
         raise UnsupportedConfigError("the emulated device runs extern \"C\" kernels only, not "
                                      f"template instantiations {name_expressions}")
-    return _load(str(compile_kernel_file(cu_path, tuple(options))))
+    module = _load(str(compile_kernel_file(cu_path, tuple(options))))
+    module.source = (str(cu_path), tuple(options))
+    return module
 
 
 # ----------------------------------------------------------------------------- launching
@@ -614,6 +654,169 @@ def recorded_streams():
         _stream_logs.remove(log)
 
 
+# ----------------------------------------------------------------------------- racecheck
+
+#: ``PAGEDLAB_EMU_RACECHECK=1`` runs every emulated launch under racecheck and raises
+#: :class:`~reference.errors.KernelRaceError` at the first launch with a hazard.
+RACECHECK_ENV = "PAGEDLAB_EMU_RACECHECK"
+
+
+@dataclass
+class Hazard:
+    """One shared-memory hazard site found by the emulated racecheck.
+
+    Attributes:
+        kernel: the kernel's name.
+        kind: ``"RAW"`` (read after an unordered write), ``"WAR"`` (write over an unordered
+            read) or ``"WAW"``.
+        count: conflicting byte accesses seen at this pair of sites.
+        location: the ``__shared__`` array and byte offset (``"s_q+24"``).
+        block: the block, as ``"(x, y, z)"``.
+        first: ``(thread, source line)`` of the earlier access.
+        second: ``(thread, source line)`` of the later one.
+    """
+
+    kernel: str
+    kind: str
+    count: int
+    location: str
+    block: str
+    first: tuple[str, str]
+    second: tuple[str, str]
+
+    def __str__(self):
+        what = {"RAW": "read after an unordered write", "WAR": "write over an unordered read",
+                "WAW": "two unordered writes"}[self.kind]
+        return (f"{self.kind} hazard ({what}) in kernel {self.kernel} on shared {self.location}, "
+                f"block {self.block}: thread {self.first[0]} at {self.first[1]} and thread "
+                f"{self.second[0]} at {self.second[1]} ({self.count} byte accesses)")
+
+
+@dataclass
+class RaceReport:
+    """What the emulated racecheck saw inside one ``with racecheck():`` block.
+
+    Attributes:
+        hazards: one :class:`Hazard` per (kernel, kind, pair of sites).
+        launches: how many launches ran under racecheck.
+        seconds: their total time.
+    """
+
+    hazards: list[Hazard] = field(default_factory=list)
+    launches: int = 0
+    seconds: float = 0.0
+
+    def add(self, hazards: list[Hazard]) -> None:
+        """Files a launch's hazards; a site pair seen before (another launch) adds its count."""
+        for h in hazards:
+            for seen in self.hazards:
+                if (seen.kernel, seen.kind, seen.first[1], seen.second[1]) == (
+                        h.kernel, h.kind, h.first[1], h.second[1]):
+                    seen.count += h.count
+                    break
+            else:
+                self.hazards.append(h)
+
+    def summary(self, limit: int = 8) -> str:
+        """Racecheck's summary line, then up to ``limit`` hazards, one per line."""
+        lines = [f"RACECHECK SUMMARY: {len(self.hazards)} hazard(s) in {self.launches} "
+                 "emulated launch(es)"]
+        lines += [f"  {h}" for h in self.hazards[:limit]]
+        if len(self.hazards) > limit:
+            lines.append(f"  ... and {len(self.hazards) - limit} more")
+        return "\n".join(lines)
+
+
+_race_reports: list[RaceReport] = []
+
+
+@contextlib.contextmanager
+def racecheck():
+    """Runs the emulated launches inside the ``with`` block under racecheck.
+
+    The emulated counterpart of ``compute-sanitizer --tool racecheck``: each launch runs the
+    kernel's racecheck build, which reports every pair of accesses to the same shared-memory
+    byte by two threads that no ``__syncthreads`` (or, within a warp, no ``__syncwarp``)
+    orders, at least one of them a write; a ``cp.async`` write counts as in flight until the wait that
+    lands it. Unlike a GPU run, the verdict does not depend on timing. Launches are a few times
+    slower than without it.
+
+    Yields:
+        A :class:`RaceReport` that fills as kernels run.
+    """
+    report = RaceReport()
+    _race_reports.append(report)
+    try:
+        yield report
+    finally:
+        _race_reports.remove(report)
+
+
+def _racechecking() -> bool:
+    return bool(_race_reports) or os.environ.get(RACECHECK_ENV, "").strip() in ("1", "true", "yes")
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_line(so_path: str, offset: int) -> str:
+    """``file.cu:123`` for a code offset of an emulated library (``?`` when unknown)."""
+    try:
+        out = subprocess.run(["addr2line", "-i", "-e", so_path, hex(offset)], capture_output=True,
+                             text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    # Innermost first: prefer the first frame in a kernel file over the shared headers.
+    frames = [Path(f.split(" ")[0]).name for f in out if ":" in f and not f.startswith("??")]
+    frames = [f for f in frames if not f.startswith("pagedlab_emu")]
+    for f in frames:
+        if f.split(":")[0].endswith(".cu"):
+            return f
+    return frames[0] if frames else "?"
+
+
+def _parse_hazards(text: str, kernel: EmulatedKernel) -> list[Hazard]:
+    so = str(kernel.module.path)
+
+    def line(tok: str) -> str:
+        m = re.fullmatch(r"@pc:([0-9a-f]+)@", tok)
+        return _source_line(so, int(m.group(1), 16)) if m else tok
+
+    hazards = []
+    for row in text.splitlines():
+        parts = row.split("\t")
+        if len(parts) != 8:
+            continue
+        kind, count, location, block, t1, pc1, t2, pc2 = parts
+        hazards.append(Hazard(kernel.name, kind, int(count), location, block, (t1, line(pc1)),
+                              (t2, line(pc2))))
+    return hazards
+
+
+def _run_racecheck(kernel: EmulatedKernel, run) -> None:
+    """Runs ``run(twin_kernel)`` with the racecheck twin and files its hazards."""
+    from reference.errors import KernelRaceError
+
+    twin = kernel.module.racecheck_twin().get_function(kernel.name)
+    lib = twin.module._lib
+    lib.pagedlab_emu_set_racecheck(1)
+    start = time.perf_counter()
+    try:
+        run(twin)
+    finally:
+        lib.pagedlab_emu_set_racecheck(0)
+    elapsed = time.perf_counter() - start
+    buf = ctypes.create_string_buffer(1 << 16)
+    lib.pagedlab_emu_race_report(buf, len(buf))
+    hazards = _parse_hazards(buf.value.decode(errors="replace"), twin)
+    for report in _race_reports:
+        report.add(hazards)
+        report.launches += 1
+        report.seconds += elapsed
+    if hazards and not _race_reports:
+        raise KernelRaceError("\n".join(str(h) for h in hazards[:8]) + "\n(racecheck: "
+                              f"{RACECHECK_ENV}=1; a hazard means two threads touch the same "
+                              "shared memory with no __syncthreads() between them)")
+
+
 def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0, *,
            stream: str = TORCH_STREAM) -> None:
     """Runs an emulated kernel over ``grid`` (the CuPy launch's stand-in).
@@ -633,6 +836,12 @@ def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0, *,
         KernelDeadlockError: a barrier or warp collective that not every thread reaches.
         KernelFaultError: any other fault (shared memory limit, division by zero, ...).
     """
+    if _racechecking() and not getattr(kernel, "_is_twin", False):
+        def run(twin):
+            twin._is_twin = True
+            launch(twin, grid, block, args, shared_mem, stream=stream)
+        _run_racecheck(kernel, run)
+        return
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
     block = tuple(int(b) for b in block) + (1,) * (3 - len(tuple(block)))
     if len(args) != len(kernel.params):

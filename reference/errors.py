@@ -71,3 +71,9 @@ class KernelDeadlockError(KernelFaultError):
 class KernelTimeoutError(KernelFaultError):
     """An emulated kernel ran past its CPU-time limit (``PAGEDLAB_EMU_TIMEOUT`` seconds, 120 by
     default): most likely an endless loop. It costs the test, never the whole run."""
+
+
+class KernelRaceError(KernelFaultError):
+    """The emulated racecheck (``PAGEDLAB_EMU_RACECHECK=1``) saw two threads touch the same
+    shared-memory byte with nothing ordering them, at least one writing: the message names the
+    kernel, the ``__shared__`` array and offset, both (block, thread) pairs and source lines."""

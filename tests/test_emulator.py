@@ -456,3 +456,189 @@ def test_endless_loop_stops_with_a_timeout(tmp_path, monkeypatch):
         extern "C" __global__ void k(volatile int* flag) { while (*flag == 0) {} }""")
     with pytest.raises(KernelTimeoutError, match=r"kernel k, block \(0, 0, 0\)"):
         rcuda.launch(k, (1,), (2,), (rcuda.ptr(torch.zeros(1, dtype=torch.int32)),))
+
+
+# ----------------------------------------------------------------------------- racecheck
+
+RACE_KERNELS = """
+    #include "pagedlab_ptx.cuh"
+    // Clean: write, barrier, read another warp's slot, barrier, reuse.
+    extern "C" __global__ void clean(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      __syncthreads();
+      const float v = s[63 - threadIdx.x];
+      __syncthreads();
+      s[threadIdx.x] = 2.f * v;
+      __syncthreads();
+      out[threadIdx.x] = s[threadIdx.x ^ 32];
+    }
+    // RAW across warps: the barrier is missing.
+    extern "C" __global__ void raw(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      out[threadIdx.x] = s[63 - threadIdx.x];
+    }
+    // WAR: warp 1 overwrites what warp 0 still reads (no barrier before reuse).
+    extern "C" __global__ void war(float* out) {
+      __shared__ float s[64];
+      s[threadIdx.x] = threadIdx.x;
+      __syncthreads();
+      const float v = s[63 - threadIdx.x];
+      s[threadIdx.x] = v;
+      out[threadIdx.x] = v;
+    }
+    // Lanes of one warp: ordered by __syncwarp, unordered without it.
+    extern "C" __global__ void lanes(float* out, int sync) {
+      __shared__ float s[32];
+      s[threadIdx.x] = threadIdx.x;
+      if (sync) __syncwarp();
+      out[threadIdx.x] = s[threadIdx.x ^ 1];
+    }
+    // A shuffle exchanges registers, not memory: it orders no shared-memory access.
+    extern "C" __global__ void shfl_only(float* out) {
+      __shared__ float s[32];
+      s[threadIdx.x] = threadIdx.x;
+      const float v = __shfl_sync(0xffffffffu, 1.f * threadIdx.x, 0);
+      out[threadIdx.x] = s[threadIdx.x ^ 1] + v;
+    }
+    // cp.async: reading the destination before the wait that lands it is a hazard.
+    extern "C" __global__ void async_copy(const float* in, float* out, int early) {
+      __shared__ __align__(16) float s[64 * 4];
+      cp_async_16(__cvta_generic_to_shared(&s[4 * threadIdx.x]), in + 4 * threadIdx.x, 16);
+      cp_async_commit();
+      if (!early) cp_async_wait_all();
+      __syncthreads();
+      out[threadIdx.x] = s[4 * (63 - threadIdx.x)];
+      if (early) cp_async_wait_all();
+    }
+    // Atomics never race.
+    extern "C" __global__ void atomics(int* out) {
+      __shared__ int n;
+      if (threadIdx.x == 0) n = 0;
+      __syncthreads();
+      atomicAdd(&n, 1);
+      __syncthreads();
+      if (threadIdx.x == 0) out[0] = n;
+    }
+"""
+
+
+def _race(tmp_path, name, *args, block=64):
+    k = kernel(tmp_path, RACE_KERNELS, name)
+    with emulate.racecheck() as report:
+        rcuda.launch(k, (2,), (block,), args)
+    assert report.launches == 1
+    return report
+
+
+def test_racecheck_passes_ordered_kernels(tmp_path):
+    """Accesses ordered by __syncthreads, by __syncwarp within a warp, by the cp.async wait, and
+    atomics: no hazard, and the results are the plain build's."""
+    out = torch.zeros(64)
+    assert _race(tmp_path, "clean", rcuda.ptr(out)).hazards == []
+    assert out.tolist() == [2.0 * (63 - (t ^ 32)) for t in range(64)]
+    assert _race(tmp_path, "lanes", rcuda.ptr(out), np.int32(1), block=32).hazards == []
+    src = torch.arange(256, dtype=torch.float32)
+    assert _race(tmp_path, "async_copy", rcuda.ptr(src), rcuda.ptr(out), np.int32(0)).hazards == []
+    assert out.tolist() == [float(4 * (63 - t)) for t in range(64)]
+    count = torch.zeros(1, dtype=torch.int32)
+    assert _race(tmp_path, "atomics", rcuda.ptr(count)).hazards == []
+    assert count.item() == 64
+
+
+@pytest.mark.parametrize("name, kind", [("raw", "RAW"), ("war", "WAR")])
+def test_racecheck_reports_a_missing_barrier(tmp_path, name, kind):
+    """A missing __syncthreads between two warps' accesses is reported with the kernel, the
+    shared array and offset, both (block, thread) pairs and the source lines. (Warp 1's read
+    of warp 0's slot is RAW; its write over a slot warp 0 read is WAR: both kernels have both.)"""
+    out = torch.zeros(64)
+    report = _race(tmp_path, name, rcuda.ptr(out))
+    kinds = [h.kind for h in report.hazards]
+    assert kind in kinds, f"{name}: expected a {kind} hazard, got {kinds}"
+    h = report.hazards[kinds.index(kind)]
+    assert h.kernel == name
+    assert h.location.startswith("s+") and h.block == "(0, 0, 0)"
+    assert h.first[0] != h.second[0]
+    assert h.first[1].startswith("k.cu:") and h.second[1].startswith("k.cu:"), h
+    assert "RACECHECK SUMMARY" in report.summary() and f"kernel {name}" in report.summary()
+
+
+def test_racecheck_orders_lanes_only_through_collectives(tmp_path):
+    """Lanes of one warp that exchange through shared memory without __syncwarp race (the GPU
+    does not run a warp in lockstep since Volta)."""
+    out = torch.zeros(32)
+    report = _race(tmp_path, "lanes", rcuda.ptr(out), np.int32(0), block=32)
+    assert sorted(h.kind for h in report.hazards) == ["RAW", "WAR"]
+
+
+def test_racecheck_a_shuffle_orders_no_memory(tmp_path):
+    """A __shfl_sync between one lane's write and another's read is no __syncwarp: the pair is
+    a hazard (as compute-sanitizer's racecheck reports it)."""
+    out = torch.zeros(32)
+    report = _race(tmp_path, "shfl_only", rcuda.ptr(out), block=32)
+    assert "RAW" in [h.kind for h in report.hazards]
+
+
+def test_racecheck_sees_a_read_before_the_cp_async_wait(tmp_path):
+    """A cp.async destination read by another thread before the wait that lands it is a hazard
+    (on the GPU a race the copy usually wins)."""
+    src = torch.arange(256, dtype=torch.float32)
+    out = torch.zeros(64)
+    report = _race(tmp_path, "async_copy", rcuda.ptr(src), rcuda.ptr(out), np.int32(1))
+    assert "WAR" in [h.kind for h in report.hazards]
+
+
+def test_racecheck_env_raises_at_the_first_racy_launch(tmp_path, monkeypatch):
+    """PAGEDLAB_EMU_RACECHECK=1 runs every launch under racecheck and stops at a hazard."""
+    from reference.errors import KernelRaceError
+
+    k = kernel(tmp_path, RACE_KERNELS, "raw")
+    out = torch.zeros(64)
+    monkeypatch.setenv(emulate.RACECHECK_ENV, "1")
+    with pytest.raises(KernelRaceError, match=r"RAW hazard .* kernel raw on shared s\+"):
+        rcuda.launch(k, (1,), (64,), (rcuda.ptr(out),))
+
+
+def test_large_arrays_are_paged_in_lazily_and_still_fenced(tmp_path):
+    """An argument array of 256 MiB or more is not copied up front: the pages a kernel touches
+    come in on first access and go back after the launch (a 4 GiB cache costs what a kernel
+    reads), and one element past the end still traps."""
+    import mmap
+
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* big, long long n, long long extra) {
+          const long long i = n - 1 - threadIdx.x * 1000003LL;
+          big[i + extra] = big[i] + 1.f;
+        }""")
+    n = (300 << 20) // 4
+    buf = mmap.mmap(-1, n * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    big = torch.frombuffer(buf, dtype=torch.float32)
+    idx = torch.tensor([n - 1 - t * 1000003 for t in range(32)])
+    big[idx] = 41.0
+    rcuda.launch(k, (1,), (32,), (rcuda.ptr(big), np.int64(n), np.int64(0)))
+    assert big[idx].tolist() == [42.0] * 32
+    assert float(big[:1000].abs().sum()) == 0.0  # untouched pages stay as they were
+    with pytest.raises(KernelOutOfBoundsError, match=r"out-of-bounds write of big at element "
+                                                     rf"index {n}\b"):
+        rcuda.launch(k, (1,), (1,), (rcuda.ptr(big), np.int64(n), np.int64(1)))
+
+
+def test_agreement_tool_records_and_compares(tmp_path, capsys):
+    """`pagedlab bench agreement`: a recording (here made on the emulated device) compared with
+    the emulated device agrees exactly; a recording whose output was altered past the tests'
+    tolerance is reported as DISAGREE with exit status 1."""
+    from reference.tools.bench import agreement
+
+    folder = tmp_path / "rec"
+    only = "lab4-v1-ragged,lab5-tiled-varlen"
+    assert agreement.main(["--record", str(folder), "--device", "emulate", "--only", only]) == 0
+    assert agreement.main(["--compare", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 outputs agree" in out and "DISAGREE" not in out
+    path = folder / "lab4-v1-ragged-f16.npz"
+    data = dict(np.load(path))
+    data["result_out"] = data["result_out"] + 0.05
+    np.savez(path, **data)
+    assert agreement.main(["--compare", str(folder)]) == 1
+    assert "DISAGREE" in capsys.readouterr().out

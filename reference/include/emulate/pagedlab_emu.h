@@ -39,8 +39,14 @@
 //   * mma.sync / ldmatrix / cp.async follow the PTX ISA's fragment layouts exactly (fp32
 //     accumulation); cp.async copies are queued per thread and land at the cp.async.wait_group
 //     that covers them, so a read before the wait sees poison, as it may on the GPU.
-// What emulation does not prove: timing, real data races between threads that the scheduler
-// happens to order safely, memory-model subtleties (fences, volatile), bank conflicts.
+//   * arrays of 256 MiB or more are fenced the same way but paged in lazily: the trap handler
+//     copies a page in at its first touch, so a 4 GiB cache costs the pages a kernel reads.
+//   * racecheck (emulate.racecheck()): the kernel is rebuilt with g++ -fsanitize=thread, whose
+//     per-access hooks the engine answers with a shared-memory race detector that orders
+//     accesses by barrier epochs and warp collectives, not by the scheduler's one order
+//     (pagedlab_emu_runtime.h, "racecheck state").
+// What emulation does not prove: timing, memory-model subtleties (fences, volatile, races in
+// global memory), bank conflicts.
 #pragma once
 
 #ifndef PAGEDLAB_EMULATE
@@ -320,7 +326,7 @@ PL_HIDDEN void mma_sync(bool bf16, float* c, const unsigned* a, unsigned b0, uns
 PL_HIDDEN void ldmatrix(bool trans, unsigned* r, unsigned addr, int line);
 // Shared memory and cp.async.
 PL_HIDDEN unsigned char* dynamic_shared();
-PL_HIDDEN void* static_shared(int id, size_t size, size_t align);
+PL_HIDDEN void* static_shared(int id, size_t size, size_t align, const char* name = "");
 PL_HIDDEN unsigned shared_offset(const void* p, const char* what);
 PL_HIDDEN void cp_async(unsigned dst, const void* src, int bytes, int src_bytes);
 PL_HIDDEN void cp_async_commit();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -29,6 +30,8 @@ struct PendingCopy {
   const unsigned char* src;
   int src_bytes;
   int group;  // index of the commit group this copy belongs to
+  unsigned epoch;  // racecheck: the barrier epoch it was issued in (in flight from then on)
+  const void* pc;  // racecheck: where it was issued
 };
 
 struct Fiber {
@@ -56,6 +59,7 @@ struct Warp {
   unsigned out[32][4];
   const char* what[32];
   int line[32];
+  unsigned sync = 0;  // racecheck: collectives completed (each orders the lanes of its mask)
 };
 
 
@@ -67,6 +71,14 @@ struct Region {  // a fenced copy of one argument buffer
   int elem_size = 1;
   bool is_const = false;
   const char* name = "";
+  // Lazy regions (arrays of LAZY_BYTES or more): no copy up front; a page of the array is
+  // copied in from the caller's memory at the first access that touches it (the trap handler
+  // does it and resumes the access), and only touched pages are copied back. The end fence
+  // stays exact, and a 9 GiB cache costs the pages a kernel reads, not 9 GiB.
+  bool lazy = false;
+  const unsigned char* host = nullptr;
+  unsigned char* pages_lo = nullptr;  // first data page (page-aligned)
+  std::vector<unsigned char> touched;  // per data page: copied in
 };
 
 struct Launch {
@@ -86,6 +98,7 @@ struct Launch {
   unsigned char* arena = nullptr;  // shared memory: dynamic part first, then static arrays
   size_t arena_cap = 0, dyn_bytes = 0, arena_used = 0, poisoned = 0;
   std::vector<std::pair<long long, size_t>> static_slots;  // (id << 32 | size) -> offset
+  std::vector<const char*> slot_names;  // the __shared__ array of each static slot
   std::vector<Region> regions;
   sigjmp_buf jmp;
   std::string error;
@@ -99,6 +112,51 @@ inline Fiber& cur() { return *current_ref(); }
 
 std::string where(const Fiber& f);
 [[noreturn]] void fail(const std::string& msg);
+
+// ----------------------------------------------------------------------------- racecheck state
+// The emulated racecheck (compute-sanitizer racecheck's counterpart). Kernel libraries built
+// for it are compiled with g++ -fsanitize=thread, which makes every load and store the kernel
+// code does call __tsan_readN / __tsan_writeN (defined below, not libtsan's): the hooks look at
+// accesses to the block's shared memory only. Happens-before is tracked with epochs, not with
+// the scheduler's actual order (which is one of many the GPU could pick):
+//   * a block epoch, advanced when a __syncthreads releases (and when a new block starts);
+//   * per warp, a count of completed __syncwarp()s: two lanes of one warp are ordered when one
+//     lies between their accesses (shuffles and other collectives exchange registers only);
+//   * a cp.async write is in flight from its issue until the wait_group that lands it: any
+//     other thread's access to its bytes in between is a hazard.
+// Per shared byte the shadow keeps the last write and up to two reads of the current epoch;
+// an access conflicts with one of another thread that no barrier or collective orders, when at
+// least one of the two writes. Hazards are counted per (kind, site pair); the first example of
+// each is kept for the report.
+struct RaceCell {
+  unsigned w_epoch = 0, w_sync = 0;
+  int w_tid = -1;
+  const void* w_pc = nullptr;
+  unsigned r_epoch = 0;
+  unsigned r_sync[2] = {0, 0};
+  int r_tid[2] = {-1, -1};
+  const void* r_pc[2] = {nullptr, nullptr};
+};
+struct Hazard {
+  char kind[4];  // "RAW", "WAR", "WAW"
+  const void* pc_first;
+  const void* pc_second;
+  int tid_first, tid_second;
+  uint3 bid;
+  size_t offset;  // byte in the shared arena
+  long long count;
+};
+struct RaceState {
+  bool on = false;  // set by pagedlab_emu_set_racecheck (emulate.py)
+  unsigned char* base = nullptr;  // the arena of the running launch (null: hooks do nothing)
+  size_t cap = 0;
+  unsigned epoch = 1;
+  std::vector<RaceCell> cells;
+  std::vector<Hazard> hazards;
+  long long total = 0;
+  std::string report;
+};
+PL_HIDDEN inline RaceState& race() { static RaceState r; return r; }
 void yield_to_scheduler();
 
 }  // namespace pagedlab_emu
@@ -271,6 +329,7 @@ inline void resolve_block(Launch& l) {
            " wait at another one (" + other + "). Every thread of a block must reach the same "
            "barrier: a __syncthreads() inside a divergent branch is a bug.");
     }
+    ++race().epoch;  // accesses after this barrier are ordered after every one before it
     for (Fiber& f : l.fibers)
       if (f.state == AT_BARRIER) set_state(f, RUNNABLE);
     return;
@@ -306,6 +365,7 @@ inline void resolve_block(Launch& l) {
 // A warp collective: this lane deposits NIN words, parks, and gets NOUT words back. The last
 // lane of the mask to arrive runs `combine` for all of them (warp lockstep at collectives).
 typedef void (*Combine)(Warp& w, unsigned lanes);
+inline void combine_nothing(Warp&, unsigned);  // __syncwarp's (defined below)
 
 inline void warp_collective(unsigned mask, const unsigned* in, int nin, unsigned* out, int nout,
                             const char* what, int line, Combine combine) {
@@ -341,6 +401,10 @@ inline void warp_collective(unsigned mask, const unsigned* in, int nin, unsigned
       }
     }
     combine(w, need);
+    // racecheck: __syncwarp orders the memory accesses of its lanes. NOTE: shuffles, votes,
+    // mma and ldmatrix exchange registers only; they order no memory (compute-sanitizer's
+    // racecheck, too, reports lanes that share memory across a bare __shfl_sync).
+    if (combine == combine_nothing) ++w.sync;
     w.arrived &= ~need;
     for (int i = 0; i < 32; ++i) {
       if (((need >> i) & 1u) && i != f.lane) {
@@ -398,7 +462,7 @@ unsigned char* dynamic_shared() { return L().arena; }
 
 // Static __shared__ declaration number `id` of `size` bytes: one slot per launch, the same
 // storage for every thread of a block (and poisoned again for the next block).
-void* static_shared(int id, size_t size, size_t align) {
+void* static_shared(int id, size_t size, size_t align, const char* name) {
   Launch& l = L();
   const long long key = (long long)id << 32 | (long long)size;
   for (auto& s : l.static_slots)
@@ -410,6 +474,7 @@ void* static_shared(int id, size_t size, size_t align) {
          std::to_string(l.dyn_bytes) + " + static arrays)");
   }
   l.static_slots.push_back({key, off});
+  l.slot_names.push_back(name);
   l.arena_used = off + size;
   if (l.arena_used > l.poisoned) {
     std::memset(l.arena + l.poisoned, 0xff, l.arena_used - l.poisoned);
@@ -435,6 +500,247 @@ inline unsigned char* shared_at(unsigned addr, size_t bytes, const char* what) {
   }
   return l.arena + addr;
 }
+
+// ----------------------------------------------------------------------------- racecheck
+
+constexpr size_t MAX_HAZARD_SITES = 64;
+
+inline void race_hazard(const char* kind, const void* pc_first, int tid_first,
+                        const void* pc_second, int tid_second, size_t offset) {
+  RaceState& r = race();
+  ++r.total;
+  for (Hazard& h : r.hazards) {
+    if (h.pc_first == pc_first && h.pc_second == pc_second && std::strcmp(h.kind, kind) == 0) {
+      ++h.count;
+      return;
+    }
+  }
+  if (r.hazards.size() >= MAX_HAZARD_SITES) return;
+  Hazard h{};
+  std::snprintf(h.kind, sizeof h.kind, "%s", kind);
+  h.pc_first = pc_first;
+  h.pc_second = pc_second;
+  h.tid_first = tid_first;
+  h.tid_second = tid_second;
+  h.bid = L().bid;
+  h.offset = offset;
+  h.count = 1;
+  r.hazards.push_back(h);
+}
+
+// Whether an access of thread `tid` recorded in (epoch, sync) is unordered with the access of
+// the running thread `f` now: the same block epoch, another thread, and (same warp) no
+// collective in between.
+inline bool race_unordered(const RaceState& r, const Fiber& f, unsigned wsync, int tid,
+                           unsigned epoch, unsigned sync) {
+  if (tid < 0 || tid == f.linear || epoch != r.epoch) return false;
+  return !(tid / 32 == f.warp && sync != wsync);
+}
+
+// One access of `n` bytes at `p` (already known to be shared memory) by the running thread.
+inline void race_access(const unsigned char* p, size_t n, bool write, const void* pc,
+                        unsigned wsync) {
+  RaceState& r = race();
+  const Fiber& f = cur();
+  const size_t first = size_t(p - r.base);
+  for (size_t off = first; off < first + n && off < r.cap; ++off) {
+    RaceCell& c = r.cells[off];
+    if (race_unordered(r, f, wsync, c.w_tid, c.w_epoch, c.w_sync)) {
+      race_hazard(write ? "WAW" : "RAW", c.w_pc, c.w_tid, pc, f.linear, off);
+    }
+    if (write) {
+      for (int k = 0; k < 2; ++k) {
+        if (race_unordered(r, f, wsync, c.r_tid[k], c.r_epoch, c.r_sync[k]))
+          race_hazard("WAR", c.r_pc[k], c.r_tid[k], pc, f.linear, off);
+      }
+      c.w_epoch = r.epoch;
+      c.w_sync = wsync;
+      c.w_tid = f.linear;
+      c.w_pc = pc;
+      c.r_tid[0] = c.r_tid[1] = -1;  // reads before this write are settled (reported above)
+    } else {
+      if (c.r_epoch != r.epoch) {
+        c.r_epoch = r.epoch;
+        c.r_tid[0] = c.r_tid[1] = -1;
+      }
+      // Keep the first reader and the latest other one: enough to know whether a later
+      // writer conflicts with some other thread's read.
+      const int k = (c.r_tid[0] < 0 || c.r_tid[0] == f.linear) ? 0 : 1;
+      c.r_tid[k] = f.linear;
+      c.r_sync[k] = wsync;
+      c.r_pc[k] = pc;
+    }
+  }
+}
+
+inline void race_hook(const void* addr, size_t n, bool write, const void* pc) {
+  RaceState& r = race();
+  const uintptr_t off = uintptr_t(addr) - uintptr_t(r.base);
+  if (off >= r.cap) return;  // not shared memory (or racecheck off: cap is 0)
+  Fiber* f = current_ref();
+  if (!f) return;
+  race_access(static_cast<const unsigned char*>(addr), n, write, pc, L().warps[f->warp].sync);
+}
+
+// A cp.async copy landing: its bytes were written at some time from its issue to now, so any
+// other thread's access to them since the issue's epoch is a hazard.
+inline void race_async_landing(const PendingCopy& c, const Fiber& f) {
+  RaceState& r = race();
+  if (!r.base) return;
+  const size_t first = size_t(c.dst - r.base);
+  for (size_t off = first; off < first + 16 && off < r.cap; ++off) {
+    RaceCell& cell = r.cells[off];
+    if (cell.w_tid >= 0 && cell.w_tid != f.linear && cell.w_epoch >= c.epoch)
+      race_hazard("WAW", cell.w_pc, cell.w_tid, c.pc, f.linear, off);
+    for (int k = 0; k < 2; ++k) {
+      if (cell.r_tid[k] >= 0 && cell.r_tid[k] != f.linear && cell.r_epoch >= c.epoch)
+        race_hazard("WAR", cell.r_pc[k], cell.r_tid[k], c.pc, f.linear, off);
+    }
+  }
+  race_access(c.dst, 16, true, c.pc, L().warps[f.warp].sync);
+}
+
+// The __shared__ array holding arena byte `off` ("name[+byte]").
+inline std::string shared_name(size_t off) {
+  const Launch& l = L();
+  for (size_t i = 0; i < l.static_slots.size(); ++i) {
+    const size_t start = l.static_slots[i].second;
+    const size_t size = size_t(l.static_slots[i].first & 0xffffffffLL);
+    if (off >= start && off < start + size) {
+      const char* name = l.slot_names[i] && *l.slot_names[i] ? l.slot_names[i] : "__shared__";
+      return std::string(name) + "+" + std::to_string(off - start);
+    }
+  }
+  if (off < l.dyn_bytes) return "extern __shared__ (dynamic)+" + std::to_string(off);
+  return "shared+" + std::to_string(off);
+}
+
+inline std::string pc_text(const void* pc) {
+  Dl_info info{};
+  if (pc && dladdr(pc, &info) && info.dli_fbase) {
+    char b[40];
+    // Return addresses point after the call: one byte back lies inside the access's line.
+    std::snprintf(b, sizeof b, "@pc:%lx@", (unsigned long)(uintptr_t(pc) - uintptr_t(info.dli_fbase) - 1));
+    return b;
+  }
+  return "?";
+}
+
+inline std::string tid_text(int linear) {
+  const dim3& b = L().block;
+  char s[64];
+  std::snprintf(s, sizeof s, "(%u, %u, %u)", unsigned(linear) % b.x, (unsigned(linear) / b.x) % b.y,
+                unsigned(linear) / (b.x * b.y));
+  return s;
+}
+
+// One line per hazard site: kind, count, array+offset, block, first (thread, site), second.
+inline void race_finish_launch() {
+  RaceState& r = race();
+  std::string out;
+  for (const Hazard& h : r.hazards) {
+    char blk[64];
+    std::snprintf(blk, sizeof blk, "(%u, %u, %u)", h.bid.x, h.bid.y, h.bid.z);
+    out += std::string(h.kind) + "\t" + std::to_string(h.count) + "\t" + shared_name(h.offset) +
+           "\t" + blk + "\t" + tid_text(h.tid_first) + "\t" + pc_text(h.pc_first) + "\t" +
+           tid_text(h.tid_second) + "\t" + pc_text(h.pc_second) + "\n";
+  }
+  r.report = out;
+  r.hazards.clear();
+  r.base = nullptr;
+  r.cap = 0;
+}
+
+}  // namespace pagedlab_emu
+
+// The hooks g++ -fsanitize=thread calls (only kernel libraries built for racecheck call them).
+#define PL_TSAN_RW(N)                                                                        \
+  extern "C" PL_HIDDEN void __tsan_read##N(void* p) {                                        \
+    pagedlab_emu::race_hook(p, N, false, __builtin_return_address(0));                        \
+  }                                                                                          \
+  extern "C" PL_HIDDEN void __tsan_write##N(void* p) {                                       \
+    pagedlab_emu::race_hook(p, N, true, __builtin_return_address(0));                         \
+  }                                                                                          \
+  extern "C" PL_HIDDEN void __tsan_unaligned_read##N(void* p) {                              \
+    pagedlab_emu::race_hook(p, N, false, __builtin_return_address(0));                        \
+  }                                                                                          \
+  extern "C" PL_HIDDEN void __tsan_unaligned_write##N(void* p) {                             \
+    pagedlab_emu::race_hook(p, N, true, __builtin_return_address(0));                         \
+  }                                                                                          \
+  extern "C" PL_HIDDEN void __tsan_volatile_read##N(void* p) {                               \
+    pagedlab_emu::race_hook(p, N, false, __builtin_return_address(0));                        \
+  }                                                                                          \
+  extern "C" PL_HIDDEN void __tsan_volatile_write##N(void* p) {                              \
+    pagedlab_emu::race_hook(p, N, true, __builtin_return_address(0));                         \
+  }
+PL_TSAN_RW(1)
+PL_TSAN_RW(2)
+PL_TSAN_RW(4)
+PL_TSAN_RW(8)
+PL_TSAN_RW(16)
+#undef PL_TSAN_RW
+extern "C" PL_HIDDEN void __tsan_read_range(void* p, unsigned long n) {
+  pagedlab_emu::race_hook(p, n, false, __builtin_return_address(0));
+}
+extern "C" PL_HIDDEN void __tsan_write_range(void* p, unsigned long n) {
+  pagedlab_emu::race_hook(p, n, true, __builtin_return_address(0));
+}
+extern "C" PL_HIDDEN void __tsan_init() {}
+extern "C" PL_HIDDEN void __tsan_func_entry(void*) {}
+extern "C" PL_HIDDEN void __tsan_func_exit() {}
+extern "C" PL_HIDDEN void __tsan_vptr_update(void**, void*) {}
+extern "C" PL_HIDDEN void __tsan_vptr_read(void**) {}
+// Atomics: never a hazard (racecheck, too, orders them); performed as the plain builtins.
+#define PL_TSAN_ATOMIC(N, T)                                                                  \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_load(const volatile T* a, int) {                   \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                              \
+  }                                                                                           \
+  extern "C" PL_HIDDEN void __tsan_atomic##N##_store(volatile T* a, T v, int) {                \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                 \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) {               \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) {               \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) {               \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) {                \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                         \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) {               \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {              \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" PL_HIDDEN int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, \
+                                                                      int, int) {             \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);   \
+  }                                                                                           \
+  extern "C" PL_HIDDEN int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v,   \
+                                                                    int, int) {               \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);    \
+  }                                                                                           \
+  extern "C" PL_HIDDEN T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, \
+                                                                 int) {                       \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);         \
+    return c;                                                                                 \
+  }
+PL_TSAN_ATOMIC(8, unsigned char)
+PL_TSAN_ATOMIC(16, unsigned short)
+PL_TSAN_ATOMIC(32, unsigned)
+PL_TSAN_ATOMIC(64, unsigned long long)
+#undef PL_TSAN_ATOMIC
+extern "C" PL_HIDDEN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" PL_HIDDEN void __tsan_atomic_signal_fence(int) {}
+
+namespace pagedlab_emu {
 
 // ----------------------------------------------------------------------------- PTX emulation
 
@@ -519,6 +825,11 @@ inline void combine_ldmatrix(Warp& w, unsigned lanes) {
 }
 void ldmatrix(bool trans, unsigned* r, unsigned addr, int line) {
   unsigned in[1] = {addr};
+  if (race().base) {  // this lane's row (16 bytes) is read by the collective
+    const Fiber& f = cur();
+    race_access(shared_at(addr, 16, "ldmatrix row"), 16, false, __builtin_return_address(0),
+                L().warps[f.warp].sync);
+  }
   warp_collective(0xffffffffu, in, 1, r, 4, trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", line,
                   trans ? combine_ldmatrix<true> : combine_ldmatrix<false>);
 }
@@ -531,7 +842,8 @@ void cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
          std::to_string(src_bytes) + " outside [0, " + std::to_string(bytes) + "]");
   }
   unsigned char* d = shared_at(dst, bytes, "cp.async destination");
-  f.copies.push_back({d, static_cast<const unsigned char*>(src), src_bytes, f.committed});
+  f.copies.push_back({d, static_cast<const unsigned char*>(src), src_bytes, f.committed,
+                     race().epoch, __builtin_return_address(0)});
   (void)bytes;
 }
 inline void cp_async_finish(Fiber& f, int keep_groups) {
@@ -543,6 +855,7 @@ inline void cp_async_finish(Fiber& f, int keep_groups) {
     if (c.group < limit || keep_groups < 0) {
       if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
       std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+      if (race().base) race_async_landing(c, f);
     } else {
       f.copies[kept++] = c;
     }
@@ -637,6 +950,8 @@ inline std::string describe_fault(void* addr, bool is_write, int sig) {
   return msg;
 }
 
+inline bool fill_lazy_page(Launch& l, const void* addr);
+
 inline void on_trap(int sig, siginfo_t* info, void* ctx) {
   Launch* l = launch_ref();
   if (!l || !l->running) {  // not ours
@@ -644,6 +959,8 @@ inline void on_trap(int sig, siginfo_t* info, void* ctx) {
     signal(sig, SIG_DFL);
     return;
   }
+  // First touch of a lazy array's page: copy it in and retry the access.
+  if ((sig == SIGSEGV || sig == SIGBUS) && fill_lazy_page(*l, info->si_addr)) return;
   bool is_write = false;
 #if defined(__x86_64__) && defined(__linux__)
   is_write = (static_cast<ucontext_t*>(ctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
@@ -690,6 +1007,8 @@ inline size_t page_size() { return size_t(sysconf(_SC_PAGESIZE)); }
 constexpr size_t GUARD_BYTES = size_t(1) << 30;  // inaccessible on both sides of every array
 
 // Copies a host buffer into a fenced mapping: the array's last byte touches the upper guard.
+constexpr size_t LAZY_BYTES = size_t(256) << 20;
+
 inline bool make_region(Region& r, const BufferArg& b) {
   const size_t page = page_size();
   const size_t data_pages = (b.nbytes + page - 1) / page + 1;
@@ -700,7 +1019,8 @@ inline bool make_region(Region& r, const BufferArg& b) {
   r.map = static_cast<unsigned char*>(m);
   unsigned char* lo = r.map + GUARD_BYTES;
   unsigned char* hi = lo + data_pages * page;
-  if (mprotect(lo, data_pages * page, PROT_READ | PROT_WRITE) != 0) return false;
+  const bool lazy = b.nbytes >= LAZY_BYTES;
+  if (!lazy && mprotect(lo, data_pages * page, PROT_READ | PROT_WRITE) != 0) return false;
   // End-aligned, but keep the alignment a vector load needs (16 bytes when the size allows it).
   const size_t align = b.nbytes % 16 == 0 ? 16 : (b.elem_size > 0 ? size_t(b.elem_size) : 1);
   uintptr_t start = (uintptr_t)(hi - b.nbytes);
@@ -710,12 +1030,52 @@ inline bool make_region(Region& r, const BufferArg& b) {
   r.elem_size = b.elem_size > 0 ? b.elem_size : 1;
   r.is_const = b.is_const != 0;
   r.name = b.name;
+  if (lazy) {
+    r.lazy = true;
+    r.host = reinterpret_cast<const unsigned char*>(b.host);
+    r.pages_lo = lo;
+    r.touched.assign(data_pages, 0);
+    return true;
+  }
   if (b.nbytes) std::memcpy(r.data, reinterpret_cast<const void*>(b.host), b.nbytes);
   if (r.is_const) {  // inputs are read-only: a write traps
     const uintptr_t first = (uintptr_t)r.data / page * page;
     mprotect(reinterpret_cast<void*>(first), (uintptr_t)hi - first, PROT_READ);
   }
   return true;
+}
+
+// Copies in the page of a lazy region that `addr` falls in (see Region). False when `addr` is
+// no untouched page of a lazy array (an out-of-bounds access, or a write to a const input).
+inline bool fill_lazy_page(Launch& l, const void* addr) {
+  const size_t page = page_size();
+  const unsigned char* a = static_cast<const unsigned char*>(addr);
+  for (Region& r : l.regions) {
+    if (!r.lazy || a < r.pages_lo || a >= r.pages_lo + r.touched.size() * page) continue;
+    const size_t k = size_t(a - r.pages_lo) / page;
+    if (r.touched[k]) return false;
+    unsigned char* p = r.pages_lo + k * page;
+    if (mprotect(p, page, PROT_READ | PROT_WRITE) != 0) return false;
+    unsigned char* from = std::max(p, r.data);
+    unsigned char* to = std::min(p + page, r.data + r.nbytes);
+    if (from < to) std::memcpy(from, r.host + (from - r.data), size_t(to - from));
+    if (r.is_const) mprotect(p, page, PROT_READ);
+    r.touched[k] = 1;
+    return true;
+  }
+  return false;
+}
+
+// A lazy output array goes back page by page: only what the kernel touched.
+inline void copy_back_lazy(const Region& r, unsigned char* host) {
+  const size_t page = page_size();
+  for (size_t k = 0; k < r.touched.size(); ++k) {
+    if (!r.touched[k]) continue;
+    unsigned char* p = r.pages_lo + k * page;
+    unsigned char* from = std::max(p, r.data);
+    unsigned char* to = std::min(p + page, r.data + r.nbytes);
+    if (from < to) std::memcpy(host + (from - r.data), from, size_t(to - from));
+  }
 }
 
 inline void free_regions(Launch& l) {
@@ -732,6 +1092,7 @@ constexpr size_t SHARED_CAP = size_t(228) << 10;  // H100 / H200: 227 KiB per bl
 inline void run_block(Launch& l) {
   // Fresh shared memory for every block: poison what the kernel used so far.
   if (l.poisoned) std::memset(l.arena, 0xff, l.poisoned);
+  ++race().epoch;  // another block's shared memory: nothing before is related
   for (Warp& w : l.warps) w.arrived = 0;
   l.n_runnable = l.num_threads;
   l.n_barrier = l.n_warp = l.n_done = 0;
@@ -822,6 +1183,15 @@ extern "C" PL_EXPORT int pagedlab_emu_run(const pagedlab_emu::KernelEntry* k,
   l.arena = static_cast<unsigned char*>(
       mmap(nullptr, SHARED_CAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   l.arena_cap = SHARED_CAP;
+  RaceState& race_state = race();
+  race_state.hazards.clear();
+  race_state.total = 0;
+  race_state.report.clear();
+  if (race_state.on) {  // fresh shadow per launch (12 MiB; only racecheck builds pay it)
+    race_state.base = l.arena;
+    race_state.cap = SHARED_CAP;
+    race_state.cells.assign(SHARED_CAP, RaceCell{});
+  }
   l.dyn_bytes = dyn_smem;
   l.arena_used = (dyn_smem + 127) / 128 * 128;
   l.poisoned = l.arena_used;
@@ -855,14 +1225,37 @@ extern "C" PL_EXPORT int pagedlab_emu_run(const pagedlab_emu::KernelEntry* k,
           run_block(l);
         }
     // Success: the argument arrays go back to the caller's memory.
-    for (int i = 0; i < nbuf; ++i)
-      if (!bufs[i].is_const && bufs[i].nbytes)
+    for (int i = 0; i < nbuf; ++i) {
+      if (bufs[i].is_const || !bufs[i].nbytes) continue;
+      if (l.regions[i].lazy)
+        copy_back_lazy(l.regions[i], reinterpret_cast<unsigned char*>(bufs[i].host));
+      else
         std::memcpy(reinterpret_cast<void*>(bufs[i].host), l.regions[i].data, bufs[i].nbytes);
+    }
   } else {
     rc = 1;
   }
   l.running = false;
   remove_traps(traps);
+  if (race_state.on) race_finish_launch();
   return finish(rc);
+}
+
+// Racecheck on or off for this library's next launches (it must be built with -fsanitize=thread
+// for the hooks to see the kernel's accesses: emulate.py builds a separate library for it).
+extern "C" PL_EXPORT void pagedlab_emu_set_racecheck(int on) {
+  pagedlab_emu::race().on = on != 0;
+  if (!on) {
+    pagedlab_emu::race().cells.clear();
+    pagedlab_emu::race().cells.shrink_to_fit();
+  }
+}
+
+// The last launch's hazards (one line per site, see race_finish_launch); returns how many
+// conflicting byte accesses were seen in all.
+extern "C" PL_EXPORT long long pagedlab_emu_race_report(char* buf, int len) {
+  const pagedlab_emu::RaceState& r = pagedlab_emu::race();
+  if (buf && len > 0) std::snprintf(buf, len, "%s", r.report.c_str());
+  return r.total;
 }
 

@@ -5,6 +5,7 @@ a kernel that makes the CPU-graded suite slower shows up.
 Each kernel runs once to compile (the "compile s" column: 0 when the .so was cached) and then
 ``--reps`` times; the table shows the best run. These are CPU seconds of the emulator, not GPU
 speed: compare them only with earlier runs of this benchmark on the same machine.
+``--racecheck`` adds the racecheck tests' launches, plain and under the emulated racecheck.
 """
 
 from __future__ import annotations
@@ -81,6 +82,38 @@ def run_prefill(reps: int) -> list[dict]:
     return rows
 
 
+def run_racecheck(reps: int) -> list[dict]:
+    """Times the racecheck tests' launches plain and under the emulated racecheck."""
+    from labs.lab04_decode_kernels._cases import GpuCase
+    from labs.lab05_prefill_kernels._cases import launcher, make_batch
+    from reference.emulate import racecheck
+
+    def checked(fn):
+        def run():
+            with racecheck():
+                fn()
+        return run
+
+    lab4, lab5 = load_impl("lab04_decode_kernels"), load_impl("lab05_prefill_kernels")
+    case = GpuCase(131, [70, 33, 0], 8, 2, 64, 16)  # test_no_shared_memory_race_under_racecheck
+    jobs = []
+    for v, fn in lab4.KERNELS.items():
+        kw = ({"plan": lab4.SplitKVPlan(2, 64), "max_context_len": 128}
+              if v in ("v3", "v4", "v5", "v6") else {})
+        jobs.append((4, v, lambda fn=fn, kw=kw: fn(*case.args(), case.scale, **kw)))
+    batch = make_batch(79, [70, 5], [60, 100], 2, 1, 64, 16)  # the Lab 5 racecheck test's
+    for k in ("naive", "tiled"):
+        jobs.append((5, k, lambda k=k: launcher(lab5, k)(**batch)))
+    rows = []
+    for lab, kernel, fn in jobs:
+        _, plain = _best(fn, reps)
+        first, checked_s = _best(checked(fn), reps)
+        rows.append({"lab": lab, "kernel": kernel, "shape": "racecheck test",
+                     "compile_s": max(0.0, first - checked_s), "run_s": plain,
+                     "racecheck_s": checked_s, "slowdown": checked_s / plain})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; prints a table and writes ``<out>/emulate.json``."""
     from reference.emulate import emulation
@@ -91,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Lab 4 kernel versions (comma-separated)")
     parser.add_argument("--labs", default="4,5", help="which labs (comma-separated)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for emulate.json")
+    parser.add_argument("--racecheck", action="store_true",
+                        help="also time the racecheck tests' launches under the emulated racecheck")
     args = parser.parse_args(argv)
     labs = {s.strip() for s in args.labs.split(",")}
     rows = []
@@ -99,9 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_decode(args.reps, [v.strip() for v in args.versions.split(",")])
         if "5" in labs:
             rows += run_prefill(args.reps)
+        race_rows = run_racecheck(args.reps) if args.racecheck else []
     print(f"emulated device, implementation: {describe_impl()}")
     print(format_table(rows, [("lab", "lab", ""), ("kernel", "kernel", ""), ("shape", "shape", ""),
                               ("run_s", "run s", ".3f"), ("compile_s", "compile s", ".1f")]))
+    if race_rows:
+        print("\nracecheck (the racecheck tests' launches; compile s: the instrumented build)")
+        print(format_table(race_rows, [("lab", "lab", ""), ("kernel", "kernel", ""),
+                                       ("run_s", "plain s", ".3f"),
+                                       ("racecheck_s", "racecheck s", ".3f"),
+                                       ("slowdown", "x", ".1f"),
+                                       ("compile_s", "compile s", ".1f")]))
+        rows += race_rows
     path = write_results("emulate", {"rows": rows}, args.out)
     print(f"wrote {path}")
     return 0
