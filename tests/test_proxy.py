@@ -108,23 +108,6 @@ MODULE = '''
     def layout(t):
         return [list(t.stride()), t.storage_offset(), t.data_ptr() % 16, t.is_contiguous(),
                 t.tolist()]
-
-
-    def getenv(name):
-        import os
-
-        return os.environ.get(name)
-
-
-    def fill(out, value):
-        out.fill_(value)  # a kernel writing into the caller's out=
-
-
-    def cuda_view(n):
-        import torch
-
-        base = torch.arange(n, dtype=torch.float32, device="cuda")
-        return base[1:].view(-1, 1)  # a view at an offset, allocated by student code
 '''
 
 
@@ -351,71 +334,3 @@ def test_only_workbook_objects_are_handed_to_student_code(client):
             pool.call(obj)
     with pytest.raises(TypeError, match="cannot be passed"):
         pool.poke(_Allocator(), "folder")
-
-
-@needs_worker
-def test_a_tests_setenv_of_workbook_variables_reaches_the_worker(client, monkeypatch):
-    """A test's ``monkeypatch.setenv("PAGEDLAB_DEBUG", ...)`` is what student code sees from the
-    next call on, and its undo (or ``delenv``) too; other variables are never forwarded."""
-    monkeypatch.delenv("PAGEDLAB_DEBUG", raising=False)
-    assert client.module.getenv("PAGEDLAB_DEBUG") is None
-    monkeypatch.setenv("PAGEDLAB_DEBUG", "1")
-    assert client.module.getenv("PAGEDLAB_DEBUG") == "1", "the test's setenv did not reach it"
-    monkeypatch.delenv("PAGEDLAB_DEBUG")
-    assert client.module.getenv("PAGEDLAB_DEBUG") is None, "the test's delenv did not reach it"
-    monkeypatch.setenv("PAGEDLAB_NOT_FORWARDED", "x")
-    assert client.module.getenv("PAGEDLAB_NOT_FORWARDED") is None
-    with pytest.raises(ValueError, match="can be forwarded"):
-        client.request("env", None, args=[{"PATH": "/tmp"}])
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-needs_gpu = pytest.mark.skipif(not _cuda(), reason="CUDA IPC needs a CUDA GPU")
-
-
-@needs_worker
-@needs_gpu
-def test_cuda_views_cross_by_ipc_with_their_layout(client):
-    """A strided CUDA view at an offset reaches student code as that view (same strides, storage
-    offset, address modulo 16, values): its storage is mapped by CUDA IPC, not copied."""
-    import torch
-
-    base = torch.arange(24, dtype=torch.float16, device="cuda")
-    for view in (base.view(4, 6).t(), base.view(4, 6)[:, ::2], base[1:].view(23)):
-        assert client.module.layout(view) == [list(view.stride()), view.storage_offset(),
-                                              view.data_ptr() % 16, view.is_contiguous(),
-                                              view.tolist()]
-
-
-@needs_worker
-@needs_gpu
-def test_cuda_out_written_by_student_code_reaches_the_test(client):
-    """A kernel's writes into the test's CUDA ``out=`` (a strided view) land in the test's own
-    tensor, and nowhere else in its storage."""
-    import torch
-
-    base = torch.zeros(4, 6, device="cuda")
-    out = base[:, 1::2]
-    client.module.fill(out, 5.0)
-    assert out.eq(5.0).all() and base[:, ::2].eq(0).all() and base.sum().item() == 5.0 * 12
-
-
-@needs_worker
-@needs_gpu
-def test_cuda_tensors_student_code_allocates_come_back_by_ipc(client):
-    """A CUDA tensor allocated in the worker arrives as a view of the worker's memory (same
-    layout and values); handed back, it is the worker's own storage again."""
-    import torch
-
-    got = client.module.cuda_view(9)
-    assert got.is_cuda and got.storage_offset() == 1 and list(got.stride()) == [1, 1]
-    assert got.flatten().tolist() == [float(i) for i in range(1, 9)]
-    assert client.module.layout(got)[:2] == [[1, 1], 1]
-    assert torch.equal(got, torch.arange(1, 9, dtype=torch.float32, device="cuda").view(-1, 1))

@@ -2,8 +2,7 @@
 
 Plain values cross as values: None, bool, int, float, str, bytes; lists, tuples, dicts, sets
 of them; numpy arrays, numpy scalars and torch tensors of numeric or bool dtypes (CUDA tensors
-by CUDA IPC when a ``cuda`` side is given, :mod:`reference.grader.cuda_ipc`, else through host
-memory); numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
+through host memory); numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
 its *own* classes, so a value from the worker is exactly what its type says (an ``int`` is an
 ``int``: a student's always-equal object cannot come back as one).
 
@@ -30,7 +29,6 @@ import numpy as np
 EXT_TUPLE, EXT_NDARRAY, EXT_TENSOR, EXT_HANDLE, EXT_SET, EXT_FROZENSET = 1, 2, 3, 4, 5, 6
 EXT_NPSCALAR, EXT_BIGINT, EXT_TORCH_DTYPE, EXT_NP_DTYPE, EXT_NP_TYPE = 7, 8, 9, 10, 11
 EXT_SLICE, EXT_DEVICE, EXT_ELLIPSIS, EXT_CUPY, EXT_SHARED = 12, 13, 14, 15, 16
-EXT_CUDA_IPC = 17
 
 #: numpy dtype kinds that may cross (bool, ints, floats, complex).
 NUMERIC_KINDS = "biufc"
@@ -63,10 +61,8 @@ class Codec:
 
     def __init__(self, to_handle: Callable[[Any], list], from_handle: Callable[[list], Any],
                  share: Callable[[Any], list | None] | None = None,
-                 unshare: Callable[[list], Any] | None = None, cuda: Any = None):
+                 unshare: Callable[[list], Any] | None = None):
         self._to_handle, self._from_handle = to_handle, from_handle
-        # cuda: a cuda_ipc.CudaIpc: CUDA tensors cross as IPC handles (never a silent copy).
-        self._cuda = cuda
         # share: tensor -> reference payload, or None to send a copy; unshare: the reverse.
         self._share, self._unshare = share, unshare
         # NOTE: a Packer costs several µs to build, a call packs 2-4 times: each thread keeps
@@ -142,10 +138,6 @@ class Codec:
         torch = _torch()
         if torch is not None:
             if isinstance(obj, torch.Tensor):
-                if self._cuda is not None and obj.is_cuda:
-                    ipc = self._cuda.reference(obj)  # NOTE: raises, with the reason, if it fails
-                    if ipc is not None:
-                        return msgpack.ExtType(EXT_CUDA_IPC, self._packb(ipc))
                 shared = self._share(obj) if self._share is not None else None
                 if shared is not None:
                     return msgpack.ExtType(EXT_SHARED, self._packb(shared))
@@ -191,8 +183,6 @@ class Codec:
             return _rebuild_tensor(self.unpack(data))
         if code == EXT_SHARED and self._unshare is not None:
             return self._unshare(self.unpack(data))
-        if code == EXT_CUDA_IPC and self._cuda is not None:
-            return self._cuda.view(self.unpack(data))
         if code == EXT_TORCH_DTYPE:
             return _torch_dtype(data.decode())
         if code == EXT_DEVICE:
@@ -258,8 +248,7 @@ def _tensor_fields(torch, obj) -> list:
         # A view (strided, sliced, at an offset): its whole storage crosses with the view's
         # stride and offset, so the other side sees the same layout and the same alignment
         # (offset modulo 16 bytes), which Lab 4's validation checks.
-        # NOTE: a CUDA tensor reaches here only without CUDA IPC (a codec with no ``cuda``
-        # side): it crosses compacted, a copy.
+        # NOTE: CUDA views still cross compacted (a copy); CUDA IPC would keep them as they are.
         storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
         return [str(t.dtype), list(t.shape), storage.numpy().tobytes(), "cpu", list(t.stride()),
                 t.storage_offset() * t.element_size()]

@@ -47,9 +47,8 @@ import msgpack
 
 from reference import errors as reference_errors
 from reference.grader.codec import Codec
-from reference.grader.cuda_ipc import CudaIpc
-from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
-                                      ensure_worker_user, make_worker_home, worker_command)
+from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
+                                      make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
 from reference.grader.worker import FrameReader, _describe_exception, frame_header, write_all
 from reference.paths import REPO_ROOT
@@ -233,14 +232,9 @@ class WorkerClient:
                                      stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
         self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         self._shared = TrustedShared(pwd.getpwnam(WORKER_USER).pw_uid)
-        # CUDA tensors cross by CUDA IPC, both ways (views and out= as in one process).
-        self._cuda = CudaIpc()
         self._codec = Codec(self._to_handle, self._from_handle,
                             self._shared.reference if self._shared.enabled else None,
-                            self._shared.view if self._shared.enabled else None, cuda=self._cuda)
-        # The values of FORWARDED_ENV the worker has now (it started with none of them).
-        self._env_sent: tuple = (None,) * len(FORWARDED_ENV)
-        self._env_lock = threading.Lock()
+                            self._shared.view if self._shared.enabled else None)
         # Trusted objects handed to student code, by reverse-handle id (kept alive: the
         # worker may call them at any time while it lives).
         self._trusted: dict[int, Any] = {}
@@ -339,8 +333,6 @@ class WorkerClient:
         """Sends one request and waits for its answer (re-raising the student's exception)."""
         if self.dead:
             raise WorkerDiedError(self.dead)
-        if op != "env":
-            self._forward_env()
         args = list(args)
         kwargs = dict(kwargs) if kwargs else {}
         req_id = next(self._ids)
@@ -372,23 +364,6 @@ class WorkerClient:
         if back != _EMPTY_LIST:
             _copy_back(self._decode(back, stamp), args, kwargs)
         return self._decode(payload, stamp)
-
-    def _forward_env(self) -> None:
-        """Sends the worker the workbook variables a test changed since the last request.
-
-        NOTE: checked per request (a few dict reads): ``monkeypatch.setenv`` and its undo at
-        the test's end both show up at the next call, so a change lasts as long as the test's.
-        """
-        now = tuple(os.environ.get(name) for name in FORWARDED_ENV)
-        if now == self._env_sent:
-            return
-        with self._env_lock:
-            if now == self._env_sent:
-                return
-            changes = {name: value for name, value, sent in zip(FORWARDED_ENV, now,
-                                                                 self._env_sent) if value != sent}
-            self.request("env", None, args=[changes])
-            self._env_sent = now
 
     def _await(self, slot: _Slot) -> None:
         """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""

@@ -24,8 +24,8 @@ NOTE: the worker keeps every shared storage (and its fd) until it exits, so a st
 address is never reused by an unrelated tensor that would then be taken as shared.
 NOTE: moving a storage re-points the tensor read (``set_``) and every other tensor on the old
 storage that crosses later; a view the student code keeps elsewhere and never hands over
-stays on the old storage (its writes are not seen). CUDA tensors cross by CUDA IPC instead
-(:mod:`reference.grader.cuda_ipc`).
+stays on the old storage (its writes are not seen). CUDA tensors still cross as copies: CUDA
+IPC (``torch.multiprocessing``'s ``cudaIpcGetMemHandle``) is the place to add them.
 Opening another user's ``/proc/<pid>/fd`` needs root: under ``sudo`` grading tensors cross as
 copies (Lab 2 then cannot be graded isolated).
 """

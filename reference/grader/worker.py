@@ -29,8 +29,6 @@ import msgpack
 import numpy as np
 
 from reference.grader.codec import EXT_HANDLE, Codec
-from reference.grader.cuda_ipc import CudaIpc, synchronize_if_used
-from reference.grader.sandbox import FORWARDED_ENV
 from reference.grader.shared import WorkerShared
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
@@ -399,9 +397,7 @@ class Worker:
         self._table = _Table()
         self._shared = WorkerShared()
         self._local = threading.local()  # .move: tensors packed now may move to shared memory
-        self._cuda = CudaIpc()  # CUDA tensors both ways by CUDA IPC (reference.grader.cuda_ipc)
-        self._codec = Codec(self._table.handle, self._table.get, self._share, self._shared.view,
-                            cuda=self._cuda)
+        self._codec = Codec(self._table.handle, self._table.get, self._share, self._shared.view)
         self._table.codec, self._table.worker = self._codec, self
         self._callbacks: dict[int, _Waiter] = {}
         # [count] while a test counts the torch calls student code makes (None otherwise).
@@ -495,10 +491,6 @@ class Worker:
                     result = self._run(op, target, name, args, kwargs)
             else:
                 result = self._run(op, target, name, args, kwargs)
-            if not pure:
-                # A kernel the call launched writes into tensors the trusted side maps (CUDA
-                # IPC): done before the reply, and a kernel's fault is this call's error.
-                synchronize_if_used()
             copyback = _changed_arrays(args, kwargs, originals) if originals else []
             # An attribute that is a tensor (a pool's cache) crosses by reference: the tests'
             # writes to it must reach the worker, and its views must alias it.
@@ -554,9 +546,6 @@ class Worker:
             import importlib
 
             return getattr(importlib.import_module(module), attr)
-        if op == "env":
-            set_forwarded_env(args[0])
-            return None
         if op == "count_torch_calls":
             # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
             # student's code runs: here. start -> None; stop -> the count since start.
@@ -620,23 +609,7 @@ def _arrays_of(args: list, kwargs: dict):
 def _shared_tensor(value) -> bool:
     worker = _WORKER[0] if _WORKER else None
     return worker is not None and not isinstance(value, np.ndarray) and \
-        (worker._shared.is_shared(value) or worker._cuda.is_shared(value))
-
-
-def set_forwarded_env(changes) -> None:
-    """Applies the trusted side's changes to the workbook's own variables (a test's setenv).
-
-    Args:
-        changes: ``{name: value or None}``; only names in :data:`FORWARDED_ENV`, None unsets.
-    """
-    if type(changes) is not dict or not all(
-            k in FORWARDED_ENV and (v is None or type(v) is str) for k, v in changes.items()):
-        raise ValueError(f"only {', '.join(FORWARDED_ENV)} can be forwarded, as text or None")
-    for name, value in changes.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+        worker._shared.is_shared(value)
 
 
 _WORKER: list = []
