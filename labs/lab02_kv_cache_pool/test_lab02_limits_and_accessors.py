@@ -96,3 +96,48 @@ def test_a_sequence_of_exactly_max_model_len_tokens_fits(impl, device, max_model
         assert snapshot(pool) == before
     pool.append_tokens(0, 0)  # zero tokens at the limit is still fine
     check_invariants(pool)
+
+
+SIZE_ARGS = ("num_blocks", "block_size", "num_kv_heads", "head_size", "max_num_seqs",
+             "max_model_len")
+
+
+@pytest.mark.points(1)
+def test_every_size_may_be_one_and_none_may_be_zero(impl, device):
+    """A pool whose six sizes are all 1 (one block of one token, one head of one element, one
+    row) works end to end; each size set to 0 alone raises ValueError naming it. The same
+    holds for kv_cache_bytes_per_block's three sizes."""
+    sizes = dict.fromkeys(SIZE_ARGS, 1)
+    pool = new_pool(impl, device, **sizes)
+    assert tuple(pool.key_cache.shape) == (1, 1, 1, 1) and tuple(pool.block_tables.shape) == (1, 1)
+    pool.add_sequence(0, 1)
+    kv = torch.full((1, 1, 1), 2.5, dtype=pool.dtype, device=pool.device)
+    pool.write_kv(pool.slot_mapping([0], [1]), kv, kv)
+    assert pool.gather_kv(0)[0].tolist() == [[[2.5]]]
+    for name in SIZE_ARGS:
+        with pytest.raises(ValueError, match=name):
+            new_pool(impl, device, **{**sizes, name: 0})
+    assert impl.kv_cache_bytes_per_block(1, 1, 1, torch.float16) == 4, (
+        "one token of one head of one fp16 element takes 2 bytes for K and 2 for V — likely "
+        "cause: a minimum of more than 1 on a size")
+    for i, name in enumerate(("block_size", "num_kv_heads", "head_size")):
+        args = [1, 1, 1]
+        args[i] = 0
+        with pytest.raises(ValueError, match=name):
+            impl.kv_cache_bytes_per_block(*args, torch.float16)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("sizes", [
+    dict(num_blocks=2**40, block_size=2**30),  # torch: the byte count overflows (RuntimeError)
+    dict(num_blocks=2**63),  # torch: a dimension past int64 (TypeError)
+    dict(max_model_len=2**70),  # the block table's width past int64 (TypeError)
+], ids=["bytes overflow", "num_blocks past int64", "table width past int64"])
+def test_a_pool_too_large_to_allocate_is_refused_with_value_error(impl, sizes):
+    """Sizes whose tensors cannot exist (a byte count past int64, a dimension past int64) are
+    refused with ValueError naming the sizes, whatever error torch raised underneath."""
+    with pytest.raises(ValueError, match="cannot be allocated") as info:
+        new_pool(impl, "cpu", **sizes)
+    assert "num_blocks" in str(info.value), (
+        "the error should name the sizes that were asked for — likely cause: torch's own "
+        "RuntimeError or TypeError let through instead of a ValueError")
