@@ -141,3 +141,35 @@ def test_a_pool_too_large_to_allocate_is_refused_with_value_error(impl, sizes):
     assert "num_blocks" in str(info.value), (
         "the error should name the sizes that were asked for — likely cause: torch's own "
         "RuntimeError or TypeError let through instead of a ValueError")
+
+
+@pytest.mark.points(1)
+def test_constructors_take_their_documented_arguments_by_keyword(impl):
+    """Every constructor argument can be passed by name (as an engine's config does), and the
+    ones after ``*`` only by name: a max_num_seqs passed by position is a TypeError."""
+    pool = impl.KVCachePool(num_blocks=3, block_size=2, num_kv_heads=1, head_size=4,
+                            max_num_seqs=2, max_model_len=6, dtype=torch.float32, device="cpu")
+    assert (pool.num_blocks, pool.block_size, pool.max_blocks_per_seq) == (3, 2, 3)
+    budget = impl.KVCachePool.from_memory_budget(
+        budget_bytes=3 * 2 * 2 * 4 * 4, block_size=2, num_kv_heads=1, head_size=4,
+        max_num_seqs=2, max_model_len=6, dtype=torch.float32, device="cpu")
+    assert budget.num_blocks == 3
+    with pytest.raises(TypeError):
+        impl.KVCachePool(3, 2, 1, 4, 2, 6)
+    with pytest.raises(TypeError):
+        impl.KVCachePool.from_memory_budget(96, 2, 1, 4, 2, 6)
+
+
+@pytest.mark.points(1)
+def test_a_batch_of_300_sequences_maps_every_slot(impl, device):
+    """slot_mapping takes a batch of 300 distinct sequences (more than any small-int cache):
+    no false "repeats", and each sequence's one new token gets its own slot."""
+    pool = new_pool(impl, device, num_blocks=300, block_size=2, max_num_seqs=300, max_model_len=2)
+    for seq_id in range(300):
+        pool.add_sequence(seq_id, 1)
+    slots = pool.slot_mapping(list(range(300)), [1] * 300).tolist()
+    want = [pool.get_block_table(s)[0] * 2 for s in range(300)]
+    assert slots == want, (
+        "a batch of 300 distinct sequences got wrong slots or was refused — likely cause: "
+        "comparing lengths with `is` (true only for small ints) in the repeated-id check"
+    )
