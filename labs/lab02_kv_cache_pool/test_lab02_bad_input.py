@@ -244,13 +244,15 @@ def test_write_kv_rejects_bad_tensors_and_slots(impl, device, case):
 
 @pytest.mark.points(1)
 def test_slot_mapping_rejects_bad_batches(impl, device):
-    """slot_mapping refuses mismatched lengths, a repeated sequence, more new tokens than the
+    """slot_mapping refuses mismatched lengths (either list longer), a repeated sequence, more new tokens than the
     sequence holds, and new tokens that would land in a block shared after a fork (ValueError)."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
     pool.add_sequence(1, 6)
     pool.fork(1, 2)
     _refused(pool, lambda: pool.slot_mapping([0, 1], [1]), ValueError, "num_new_tokens")
+    # and the other way round: zip() would silently drop the extra count
+    _refused(pool, lambda: pool.slot_mapping([0], [1, 1]), ValueError, "num_new_tokens")
     _refused(pool, lambda: pool.slot_mapping([0, 0], [1, 1]), ValueError, "repeats")
     _refused(pool, lambda: pool.slot_mapping([0], [6]), ValueError, "num_new_tokens")
     _refused(pool, lambda: pool.slot_mapping([0], [-1]), ValueError, "num_new_tokens")
