@@ -123,13 +123,15 @@ def test_integer_arguments_are_never_rounded(impl):
 @pytest.mark.parametrize("num_rows", [2, 4])
 def test_block_tables_must_have_one_row_per_query_sequence(impl, num_rows):
     """A decode batch of 3 query sequences with 2 or 4 block-table rows (and as many context
-    lengths) is refused with ValueError naming block_tables — fewer rows never turns into an
-    IndexError halfway through the batch, more rows are never silently ignored."""
+    lengths) is refused with ValueError naming block_tables and its row count — fewer rows
+    never turn into an IndexError halfway through the batch, more are never silently ignored."""
     case = make_decode_case(3, [5, 9, 2], 2, 2, 8, 4, dtype=np.float64)
     kv = case.kv
     tables = np.resize(kv.block_tables, (num_rows, kv.block_tables.shape[1]))
     lens = np.resize(kv.context_lens, num_rows)
     for fn, extra in [(impl.paged_decode, ()), (impl.paged_decode_split_k, (8,)),
                       (impl.paged_decode_lowp, ())]:
-        with pytest.raises(ValueError, match="block_tables"):
+        with pytest.raises(ValueError, match="block_tables") as info:
             fn(case.query, kv.key_cache, kv.value_cache, tables, lens, case.scale, *extra)
+        assert str(num_rows) in str(info.value), (
+            f"the error should say how many rows block_tables has ({num_rows}): {info.value}")
