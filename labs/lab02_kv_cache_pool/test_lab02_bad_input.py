@@ -124,14 +124,15 @@ def test_out_of_blocks_mid_add_or_append_changes_nothing(impl, device):
     block leaks, no row is taken, and the free blocks stay usable."""
     pool = new_pool(impl, device, num_blocks=5, max_model_len=24)
     pool.add_sequence(0, 8)  # 2 blocks, 3 free
-    _refused(pool, lambda: pool.add_sequence(1, 13), OutOfBlocksError)  # needs 4
-    _refused(pool, lambda: pool.append_tokens(0, 13), OutOfBlocksError)  # needs 4 more
+    # The pool checks before it asks the manager: its error names the refused call.
+    _refused(pool, lambda: pool.add_sequence(1, 13), OutOfBlocksError, "add_sequence")  # needs 4
+    _refused(pool, lambda: pool.append_tokens(0, 13), OutOfBlocksError, "append_tokens")  # 4 more
     assert pool.num_free_blocks == 3 and pool.num_free_rows == 3, "a refused call leaked"
     pool.add_sequence(2, 5)  # 2 blocks, 1 free; its last block is half full
     pool.fork(2, 3)
     pool.add_sequence(4, 4)  # takes the last free block
     # seq 3's next token goes into a block it shares with seq 2: it needs a copy, and no block
-    _refused(pool, lambda: pool.append_tokens(3, 1), OutOfBlocksError)
+    _refused(pool, lambda: pool.append_tokens(3, 1), OutOfBlocksError, "append_tokens.* needs 1")
     pool.free_sequence(4)
     pool.append_tokens(3, 1)  # now the copy can be made
     assert pool.get_block_table(3)[0] == pool.get_block_table(2)[0]
@@ -140,6 +141,48 @@ def test_out_of_blocks_mid_add_or_append_changes_nothing(impl, device):
     for s in list(pool.seq_ids):
         pool.free_sequence(s)
     assert pool.num_free_blocks == 5, "blocks leaked"
+
+
+@pytest.mark.points(1)
+def test_appends_that_need_no_block_work_in_a_full_pool(impl, device):
+    """With no block free, appending into the room left in a private last block works (it
+    needs no block), and so does appending zero tokens; one token past the last block is
+    refused with OutOfBlocksError naming append_tokens."""
+    pool = new_pool(impl, device, num_blocks=3, max_model_len=12)
+    pool.add_sequence(0, 5)  # 2 blocks of 4 tokens: 3 slots left in the last one
+    pool.add_sequence(1, 4)  # the last free block
+    assert pool.num_free_blocks == 0
+    pool.append_tokens(0, 3)
+    pool.append_tokens(1, 0)
+    assert pool.get_context_len(0) == 8 and pool.num_free_blocks == 0, (
+        "an append that fits in the last block was refused in a full pool — likely cause: "
+        "the free-block check asks for a block (or a copy) that the append does not need"
+    )
+    _refused(pool, lambda: pool.append_tokens(0, 1), OutOfBlocksError, "append_tokens")
+    check_invariants(pool)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("num_new_tokens, num_needed", [(3, 2), (7, 3)])
+def test_an_append_that_copies_and_grows_needs_both_blocks(impl, device, num_new_tokens,
+                                                           num_needed):
+    """A forked sequence appending past its shared partial last block needs the copy *and*
+    every new block: with one block fewer free it is refused (OutOfBlocksError naming
+    append_tokens, nothing changed); with exactly enough free it succeeds and takes them all."""
+    pool = new_pool(impl, device, num_blocks=2 + num_needed, max_model_len=16)
+    pool.add_sequence(0, 6)  # 2 blocks of 4; the last holds 2 tokens
+    pool.fork(0, 1)
+    pool.add_sequence(2, 1)  # holds one block back: one fewer free than needed
+    assert pool.num_free_blocks == num_needed - 1
+    _refused(pool, lambda: pool.append_tokens(1, num_new_tokens), OutOfBlocksError,
+             f"append_tokens.* needs {num_needed}")
+    pool.free_sequence(2)
+    pool.append_tokens(1, num_new_tokens)
+    assert pool.num_free_blocks == 0 and len(pool.get_block_table(1)) == 1 + num_needed, (
+        f"appending {num_new_tokens} tokens to a fork of 6 copies its shared last block and "
+        f"takes {num_needed - 1} new ones — likely cause: the copy left out of the count"
+    )
+    check_invariants(pool)
 
 
 def _write_case(pool, case):
@@ -201,13 +244,15 @@ def test_write_kv_rejects_bad_tensors_and_slots(impl, device, case):
 
 @pytest.mark.points(1)
 def test_slot_mapping_rejects_bad_batches(impl, device):
-    """slot_mapping refuses mismatched lengths, a repeated sequence, more new tokens than the
+    """slot_mapping refuses mismatched lengths (either list longer), a repeated sequence, more new tokens than the
     sequence holds, and new tokens that would land in a block shared after a fork (ValueError)."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
     pool.add_sequence(1, 6)
     pool.fork(1, 2)
     _refused(pool, lambda: pool.slot_mapping([0, 1], [1]), ValueError, "num_new_tokens")
+    # and the other way round: zip() would silently drop the extra count
+    _refused(pool, lambda: pool.slot_mapping([0], [1, 1]), ValueError, "num_new_tokens")
     _refused(pool, lambda: pool.slot_mapping([0, 0], [1, 1]), ValueError, "repeats")
     _refused(pool, lambda: pool.slot_mapping([0], [6]), ValueError, "num_new_tokens")
     _refused(pool, lambda: pool.slot_mapping([0], [-1]), ValueError, "num_new_tokens")

@@ -96,3 +96,80 @@ def test_a_sequence_of_exactly_max_model_len_tokens_fits(impl, device, max_model
         assert snapshot(pool) == before
     pool.append_tokens(0, 0)  # zero tokens at the limit is still fine
     check_invariants(pool)
+
+
+SIZE_ARGS = ("num_blocks", "block_size", "num_kv_heads", "head_size", "max_num_seqs",
+             "max_model_len")
+
+
+@pytest.mark.points(1)
+def test_every_size_may_be_one_and_none_may_be_zero(impl, device):
+    """A pool whose six sizes are all 1 (one block of one token, one head of one element, one
+    row) works end to end; each size set to 0 alone raises ValueError naming it. The same
+    holds for kv_cache_bytes_per_block's three sizes."""
+    sizes = dict.fromkeys(SIZE_ARGS, 1)
+    pool = new_pool(impl, device, **sizes)
+    assert tuple(pool.key_cache.shape) == (1, 1, 1, 1) and tuple(pool.block_tables.shape) == (1, 1)
+    pool.add_sequence(0, 1)
+    kv = torch.full((1, 1, 1), 2.5, dtype=pool.dtype, device=pool.device)
+    pool.write_kv(pool.slot_mapping([0], [1]), kv, kv)
+    assert pool.gather_kv(0)[0].tolist() == [[[2.5]]]
+    for name in SIZE_ARGS:
+        with pytest.raises(ValueError, match=name):
+            new_pool(impl, device, **{**sizes, name: 0})
+    assert impl.kv_cache_bytes_per_block(1, 1, 1, torch.float16) == 4, (
+        "one token of one head of one fp16 element takes 2 bytes for K and 2 for V — likely "
+        "cause: a minimum of more than 1 on a size")
+    for i, name in enumerate(("block_size", "num_kv_heads", "head_size")):
+        args = [1, 1, 1]
+        args[i] = 0
+        with pytest.raises(ValueError, match=name):
+            impl.kv_cache_bytes_per_block(*args, torch.float16)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("sizes", [
+    dict(num_blocks=2**40, block_size=2**30),  # torch: the byte count overflows (RuntimeError)
+    dict(num_blocks=2**63),  # torch: a dimension past int64 (TypeError)
+    dict(max_model_len=2**70),  # the block table's width past int64 (TypeError)
+], ids=["bytes overflow", "num_blocks past int64", "table width past int64"])
+def test_a_pool_too_large_to_allocate_is_refused_with_value_error(impl, sizes):
+    """Sizes whose tensors cannot exist (a byte count past int64, a dimension past int64) are
+    refused with ValueError naming the sizes, whatever error torch raised underneath."""
+    with pytest.raises(ValueError, match="cannot be allocated") as info:
+        new_pool(impl, "cpu", **sizes)
+    assert "num_blocks" in str(info.value), (
+        "the error should name the sizes that were asked for — likely cause: torch's own "
+        "RuntimeError or TypeError let through instead of a ValueError")
+
+
+@pytest.mark.points(1)
+def test_constructors_take_their_documented_arguments_by_keyword(impl):
+    """Every constructor argument can be passed by name (as an engine's config does), and the
+    ones after ``*`` only by name: a max_num_seqs passed by position is a TypeError."""
+    pool = impl.KVCachePool(num_blocks=3, block_size=2, num_kv_heads=1, head_size=4,
+                            max_num_seqs=2, max_model_len=6, dtype=torch.float32, device="cpu")
+    assert (pool.num_blocks, pool.block_size, pool.max_blocks_per_seq) == (3, 2, 3)
+    budget = impl.KVCachePool.from_memory_budget(
+        budget_bytes=3 * 2 * 2 * 4 * 4, block_size=2, num_kv_heads=1, head_size=4,
+        max_num_seqs=2, max_model_len=6, dtype=torch.float32, device="cpu")
+    assert budget.num_blocks == 3
+    with pytest.raises(TypeError):
+        impl.KVCachePool(3, 2, 1, 4, 2, 6)
+    with pytest.raises(TypeError):
+        impl.KVCachePool.from_memory_budget(96, 2, 1, 4, 2, 6)
+
+
+@pytest.mark.points(1)
+def test_a_batch_of_300_sequences_maps_every_slot(impl, device):
+    """slot_mapping takes a batch of 300 distinct sequences (more than any small-int cache):
+    no false "repeats", and each sequence's one new token gets its own slot."""
+    pool = new_pool(impl, device, num_blocks=300, block_size=2, max_num_seqs=300, max_model_len=2)
+    for seq_id in range(300):
+        pool.add_sequence(seq_id, 1)
+    slots = pool.slot_mapping(list(range(300)), [1] * 300).tolist()
+    want = [pool.get_block_table(s)[0] * 2 for s in range(300)]
+    assert slots == want, (
+        "a batch of 300 distinct sequences got wrong slots or was refused — likely cause: "
+        "comparing lengths with `is` (true only for small ints) in the repeated-id check"
+    )

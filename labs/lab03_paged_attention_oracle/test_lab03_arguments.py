@@ -73,7 +73,8 @@ def test_scale_is_used_not_assumed(impl, function):
 @pytest.mark.points(1)
 def test_dense_attention_is_causal_by_default(impl):
     """Omitting ``causal`` masks future keys (the documented default is True), and omitting
-    ``alibi_slopes`` adds no bias."""
+    ``alibi_slopes`` adds no bias. Every argument can be passed by name, and the two after
+    ``*`` only by name (a positional ``False`` is a TypeError, never a silent mode switch)."""
     rng = np.random.default_rng(34)
     q = rng.standard_normal((3, 2, 4))
     k, v = rng.standard_normal((2, 6, 2, 4))
@@ -82,6 +83,10 @@ def test_dense_attention_is_causal_by_default(impl):
     hint = "omitting causal must give causal attention — likely cause: the default causal=False"
     assert_attention_close(got[0], want[0], atol=1e-9, what="dense_attention out", hint=hint)
     assert_attention_close(got[1], want[1], atol=1e-9, what="dense_attention lse", hint=hint)
+    by_name = impl.dense_attention(q=q, k=k, v=v, scale=0.5, causal=True, alibi_slopes=None)
+    assert np.array_equal(by_name[0], got[0]), "dense_attention by keyword gave another result"
+    with pytest.raises(TypeError):
+        impl.dense_attention(q, k, v, 0.5, False)
 
 
 @pytest.mark.points(1)

@@ -86,7 +86,8 @@ def test_scale_and_slopes_must_be_finite_where_they_are_used(impl):
 def test_integer_arguments_are_never_rounded(impl):
     """Token indices, lengths, head counts and sizes must be ints: 2.7, 3.0 or True raise
     (TypeError naming the argument; ValueError for partition_size), never become 2 or 3;
-    a cache with block_size 0 is a ValueError naming key_cache, not a ZeroDivisionError."""
+    a cache with block_size 0 is a ValueError naming key_cache, not a ZeroDivisionError;
+    empty_state's head_size may be 1 but not 0."""
     case = make_decode_case(2, [9], 2, 2, 8, 4, dtype=np.float64)
     kv = case.kv
     base = (case.query[0], kv.key_cache, kv.value_cache, kv.block_tables[0])
@@ -104,6 +105,11 @@ def test_integer_arguments_are_never_rounded(impl):
         impl.kv_head_indices(4.0, 2)
     with pytest.raises(TypeError, match="head_size"):
         impl.empty_state((2,), 3.0)
+    with pytest.raises(ValueError, match="head_size"):
+        impl.empty_state((2,), 0)
+    assert impl.empty_state((2,), 1)[2].shape == (2, 1), (
+        "empty_state must accept head_size 1 (the limit is >= 1) — likely cause: an "
+        "off-by-one minimum")
     with pytest.raises(ValueError, match="partition_size"):
         impl.paged_decode_split_k(case.query, kv.key_cache, kv.value_cache, kv.block_tables,
                                   kv.context_lens, case.scale, 8.0)
@@ -111,3 +117,21 @@ def test_integer_arguments_are_never_rounded(impl):
     with pytest.raises(ValueError, match="key_cache"):
         impl.paged_decode(np.zeros((1, 1, 8)), empty, empty, np.zeros((1, 1), np.int32),
                           np.zeros(1, np.int32), 1.0)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("num_rows", [2, 4])
+def test_block_tables_must_have_one_row_per_query_sequence(impl, num_rows):
+    """A decode batch of 3 query sequences with 2 or 4 block-table rows (and as many context
+    lengths) is refused with ValueError naming block_tables and its row count — fewer rows
+    never turn into an IndexError halfway through the batch, more are never silently ignored."""
+    case = make_decode_case(3, [5, 9, 2], 2, 2, 8, 4, dtype=np.float64)
+    kv = case.kv
+    tables = np.resize(kv.block_tables, (num_rows, kv.block_tables.shape[1]))
+    lens = np.resize(kv.context_lens, num_rows)
+    for fn, extra in [(impl.paged_decode, ()), (impl.paged_decode_split_k, (8,)),
+                      (impl.paged_decode_lowp, ())]:
+        with pytest.raises(ValueError, match="block_tables") as info:
+            fn(case.query, kv.key_cache, kv.value_cache, tables, lens, case.scale, *extra)
+        assert str(num_rows) in str(info.value), (
+            f"the error should say how many rows block_tables has ({num_rows}): {info.value}")

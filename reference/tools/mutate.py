@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cosmic-ray operators to skip (regex on core/<Name>; repeatable)")
     parser.add_argument("--session", type=Path, default=None,
                         help="keep cosmic-ray's SQLite session here (resume an interrupted run)")
+    parser.add_argument("--retest-survivors", action="store_true",
+                        help="with --session: run the session's survivors again (after adding "
+                             "tests; killed mutants stay killed, as tests were only added)")
 
 
 def solution_sha256(lab: str) -> str:
@@ -118,7 +121,43 @@ def _cosmic_ray(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
 
 
-def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | None) -> dict:
+def _forget_survivors(db: Path) -> int:
+    """Drops the recorded result of every surviving mutant, so that ``exec`` runs it again.
+
+    Adding tests can only turn a survivor into a kill, never a kill into a survivor, so a
+    session resumed this way ends exactly where a fresh run with the new tests would.
+
+    Args:
+        db: a cosmic-ray session.
+
+    Returns:
+        How many survivors will be run again.
+    """
+    from cosmic_ray.work_db import WorkDB, WorkResultStorage, use_db
+    from cosmic_ray.work_item import TestOutcome
+
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        with work_db._session_maker.begin() as sql:  # NOTE: cosmic-ray has no public call for it
+            return sql.query(WorkResultStorage).filter(
+                WorkResultStorage.test_outcome == TestOutcome.SURVIVED).delete()
+
+
+def _check_session_solution(db: Path, lab: str) -> None:
+    """Refuses to resume a session made for another version of the solution.
+
+    A session stores each mutant as a position in the file it was made from: on a changed
+    solution those positions point at the wrong code.
+    """
+    stamp = db.with_name(db.name + ".sha256")
+    if not db.exists():
+        stamp.write_text(solution_sha256(lab) + "\n")
+    elif stamp.exists() and stamp.read_text().strip() != solution_sha256(lab):
+        raise RuntimeError(f"{db} was made for another version of solutions/{lab}/solution.py: "
+                           f"delete it (and {stamp.name}) to start over")
+
+
+def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | None,
+                 retest_survivors: bool = False) -> dict:
     """Runs cosmic-ray over a scratch copy of the lab's solution and returns the result record.
 
     Args:
@@ -126,6 +165,7 @@ def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | N
         timeout: seconds per mutant.
         exclude: operator regexes to skip.
         session: SQLite session to create or resume; None uses a temporary one.
+        retest_survivors: run the session's survivors again (see :func:`_forget_survivors`).
 
     Returns:
         The record written to ``mutation.json`` (see the module docstring).
@@ -141,6 +181,8 @@ def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | N
         config = work / "cosmic-ray.toml"
         _write_config(config, scratch / "solution.py", lab, timeout, exclude)
         db = session or Path(tmp) / "session.sqlite"
+        if session:
+            _check_session_solution(db, lab)
         # NOTE: no bytecode cache: a mutant of the same size written within the same second as
         # the previous one would otherwise be served from a stale .pyc (mtime + size match).
         env = dict(os.environ, **{MUTANT_DIR_ENV: str(scratch)}, PYTHONDONTWRITEBYTECODE="1")
@@ -151,6 +193,8 @@ def run_mutation(lab: str, timeout: float, exclude: list[str], session: Path | N
         filt = Path(sys.executable).with_name("cr-filter-operators")
         subprocess.run([str(filt), str(db), str(config)], env=env, check=True, capture_output=True)
         _skip_annotations(db, scratch / "solution.py")
+        if retest_survivors:
+            print(f"running {_forget_survivors(db)} survivors again", file=sys.stderr)
         baseline = subprocess.run(_test_command(lab), shell=True, env=env, cwd=REPO_ROOT,
                                   capture_output=True, text=True)
         if baseline.returncode != 0:
@@ -250,7 +294,11 @@ def main(args: argparse.Namespace) -> int:
     if shutil.which("cosmic-ray") is None and not Path(sys.executable).with_name("cosmic-ray").exists():
         print("pagedlab mutate: needs cosmic-ray (pip install -e '.[mutation]')", file=sys.stderr)
         return 2
-    record = run_mutation(lab, args.timeout, args.exclude_operator, args.session)
+    if args.retest_survivors and args.session is None:
+        print("pagedlab mutate: --retest-survivors needs --session", file=sys.stderr)
+        return 2
+    record = run_mutation(lab, args.timeout, args.exclude_operator, args.session,
+                          args.retest_survivors)
     result_path(lab).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     c = record["counts"]
     print(f"{lab}: {c['killed']} killed, {c['survived']} survived, {c['equivalent']} equivalent, "

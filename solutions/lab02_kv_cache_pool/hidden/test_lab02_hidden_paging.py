@@ -104,7 +104,8 @@ def test_hidden_slots_past_2_31_with_block_size_5(impl):
 @pytest.mark.points(1)
 def test_hidden_write_kv_slot_limit_on_both_sides(impl, device):
     """write_kv accepts the last slot of the pool (num_blocks × block_size − 1) and refuses the
-    next one with an IndexError, leaving the cache unchanged."""
+    next one, and one far past the pool, with an IndexError naming the slot, leaving the cache
+    unchanged."""
     pool = new_pool(impl, device, num_blocks=5, block_size=3)
     pool.add_sequence(1, 15)  # one sequence holds every block: write_kv writes only into held blocks
     poison(pool)
@@ -112,6 +113,7 @@ def test_hidden_write_kv_slot_limit_on_both_sides(impl, device):
     pool.write_kv(torch.tensor([14], device=pool.device), k, k)
     assert torch.equal(pool.key_cache[4, :, 2], k[0]), "slot 14 is block 4, row 2"
     before = snapshot(pool)
-    with pytest.raises(IndexError):
-        pool.write_kv(torch.tensor([15], device=pool.device), k, k)
-    assert snapshot(pool) == before
+    for slot in (15, 100):
+        with pytest.raises(IndexError, match=str(slot)):
+            pool.write_kv(torch.tensor([slot], device=pool.device), k, k)
+        assert snapshot(pool) == before
