@@ -92,7 +92,8 @@ def test_dense_attention_is_causal_by_default(impl):
 @pytest.mark.points(1)
 def test_decode_defaults_are_no_alibi_and_the_whole_context(impl):
     """paged_decode without alibi_slopes adds no bias; partition_attention without a range
-    attends to the whole context; paged_decode_lowp without dtype rounds to float16."""
+    attends to the whole context; paged_decode_lowp without dtype rounds to float16, takes
+    every argument by name, and dtype only by name."""
     case = make_decode_case(35, [9, 4], 4, 4, 8, 4)
     want_out, want_lse = paged_decode_ref(*decode_args(case), alibi_slopes=None)
     out, lse = impl.paged_decode(*decode_args(case))
@@ -107,3 +108,9 @@ def test_decode_defaults_are_no_alibi_and_the_whole_context(impl):
     low, _ = impl.paged_decode_lowp(*decode_args(case))
     assert np.array_equal(low, low.astype(np.float16).astype(np.float32)), (
         "the documented default dtype of paged_decode_lowp is float16")
+    names = ("query", "key_cache", "value_cache", "block_tables", "context_lens", "scale")
+    by_name = impl.paged_decode_lowp(**dict(zip(names, decode_args(case))), alibi_slopes=None,
+                                     dtype="float16")
+    assert np.array_equal(by_name[0], low), "paged_decode_lowp by keyword gave another result"
+    with pytest.raises(TypeError):  # dtype comes after `*`: keyword-only
+        impl.paged_decode_lowp(*decode_args(case), None, "bfloat16")

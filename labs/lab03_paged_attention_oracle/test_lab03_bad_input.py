@@ -40,19 +40,22 @@ def test_infinite_or_nan_data_propagates_never_a_finite_wrong_answer(impl):
 
     k = np.abs(np.random.default_rng(0).standard_normal((5, 1, 8)))
     k[1] = -np.inf
-    out_d, _ = impl.dense_attention(np.ones((2, 2, 8)), k, np.ones((5, 1, 8)), 0.5)
+    out_d, lse_d = impl.dense_attention(np.ones((2, 2, 8)), k, np.ones((5, 1, 8)), 0.5)
     assert not np.isfinite(out_d).any(), (
         "dense_attention: a -inf key seen by both queries gave a finite output (read as masked)")
+    assert not np.isfinite(lse_d).any(), (
+        f"dense_attention: a -inf key seen by both queries gave a finite lse {lse_d.tolist()} "
+        f"— likely cause: a finite fill value for rows whose max is not finite")
 
     pcase = make_prefill_case(5, [3], [4], 2, 1, 8, 4, dtype=np.float64)
     pkv = pcase.kv
     block, row = _poisoned_row(pkv, 0, 1)  # history token 1: every query sees it
     pkv.key_cache[block, 0, row, :] = -np.inf
-    out_p, _ = impl.paged_prefill(np.abs(pcase.query) + 0.1, pkv.key_cache, pkv.value_cache,
-                                  pkv.block_tables, pcase.cu_seqlens_q, pkv.context_lens,
-                                  pcase.scale)
-    assert not np.isfinite(out_p).any(), (
-        "paged_prefill: a -inf history key seen by every query gave a finite output")
+    out_p, lse_p = impl.paged_prefill(np.abs(pcase.query) + 0.1, pkv.key_cache,
+                                      pkv.value_cache, pkv.block_tables, pcase.cu_seqlens_q,
+                                      pkv.context_lens, pcase.scale)
+    assert not np.isfinite(out_p).any() and not np.isfinite(lse_p).any(), (
+        "paged_prefill: a -inf history key seen by every query gave a finite output or lse")
 
 
 @pytest.mark.points(1)
@@ -124,7 +127,8 @@ def test_integer_arguments_are_never_rounded(impl):
 def test_block_tables_must_have_one_row_per_query_sequence(impl, num_rows):
     """A decode batch of 3 query sequences with 2 or 4 block-table rows (and as many context
     lengths) is refused with ValueError naming block_tables and its row count — fewer rows
-    never turn into an IndexError halfway through the batch, more are never silently ignored."""
+    never turn into an IndexError halfway through the batch, more are never silently ignored;
+    300 rows for 300 sequences pass."""
     case = make_decode_case(3, [5, 9, 2], 2, 2, 8, 4, dtype=np.float64)
     kv = case.kv
     tables = np.resize(kv.block_tables, (num_rows, kv.block_tables.shape[1]))
@@ -135,3 +139,10 @@ def test_block_tables_must_have_one_row_per_query_sequence(impl, num_rows):
             fn(case.query, kv.key_cache, kv.value_cache, tables, lens, case.scale, *extra)
         assert str(num_rows) in str(info.value), (
             f"the error should say how many rows block_tables has ({num_rows}): {info.value}")
+    # Matching counts pass at any size: 300 rows for 300 sequences (past the small-int cache).
+    big = make_decode_case(num_rows, [1] * 300, 1, 1, 4, 2, dtype=np.float64)
+    out, _ = impl.paged_decode(big.query, big.kv.key_cache, big.kv.value_cache,
+                               big.kv.block_tables, big.kv.context_lens, big.scale)
+    assert out.shape == (300, 1, 4), (
+        "a batch of 300 sequences with 300 table rows was refused or mis-shaped — likely cause: "
+        "counts compared with `is` (true only for small ints)")

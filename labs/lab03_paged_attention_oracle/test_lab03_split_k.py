@@ -160,7 +160,13 @@ def test_merge_attn_states_combines_prefix_and_suffix(impl):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("bad", [0, -4, 6, 2.0, True])
 def test_split_k_rejects_bad_partition_size(impl, bad):
-    """partition_size must be a positive multiple of block_size (4 here): ValueError naming it."""
+    """partition_size must be a positive multiple of block_size (4 here): ValueError naming it.
+    The smallest legal one is accepted: partitions of one token with a block size of 1."""
     case = make_decode_case(46, [5], 2, 2, 8, 4, dtype=np.float64)
     with pytest.raises(ValueError, match="partition_size"):
         impl.paged_decode_split_k(*decode_args(case), bad)
+    tiny = make_decode_case(47, [3, 0, 1], 2, 1, 4, 1, dtype=np.float64)
+    out, _ = impl.paged_decode_split_k(*decode_args(tiny), 1, alibi_slopes=tiny.alibi_slopes)
+    want_out, _ = decode_oracle(tiny)
+    assert_attention_close(out, want_out, atol=1e-9, what="split-K out (block 1, partition 1)",
+                           hint="partition_size 1 is a positive multiple of block_size 1")
