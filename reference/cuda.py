@@ -17,15 +17,21 @@ Emulated device: with ``PAGEDLAB_DEVICE=emulate`` (or inside ``emulate.emulation
 functions compile with g++ and run the kernel on the CPU (see :mod:`reference.emulate`):
 :func:`load_module` returns an emulated module, :func:`ptr` of a CPU tensor is a fenced host
 array, :func:`launch` runs the grid there, and :func:`device_ok` accepts CPU tensors.
+
+Capture: inside :func:`capture_launches` :func:`launch` records each launch instead of running it
+(the plan/run split of ``reference/launch_plan.py`` learns a launcher's kernels that way).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
+import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -212,6 +218,40 @@ def torch_stream():
     return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
+class RecordedLaunch(NamedTuple):
+    """One launch :func:`launch` recorded inside :func:`capture_launches` (nothing ran)."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    args: tuple
+    shared_mem: int
+
+
+#: Per thread: the capture in progress (a list of RecordedLaunch and one of kept arrays), if any.
+_CAPTURE = threading.local()
+
+
+@contextlib.contextmanager
+def capture_launches():
+    """Records the launches made in the ``with`` block (this thread only) instead of running them.
+
+    While it is open, :func:`launch` appends a :class:`RecordedLaunch` and returns, and
+    :func:`ptr` keeps every tensor it converts alive until the capture is dropped, so the
+    pointers recorded stay valid (scratch a launcher allocates included).
+
+    Yields:
+        ``(launches, kept)``: the list the launches are appended to, and the tensors kept alive.
+    """
+    if getattr(_CAPTURE, "record", None) is not None:
+        raise RuntimeError("capture_launches() cannot be nested")
+    _CAPTURE.record = record = ([], [])
+    try:
+        yield record
+    finally:
+        _CAPTURE.record = None
+
+
 def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
     """Launches ``kernel`` on the current torch stream.
 
@@ -222,6 +262,11 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
         args: kernel arguments: :func:`ptr` pointers, ``np.int32`` / ``np.float32`` scalars.
         shared_mem: dynamic shared memory in bytes (the kernel's limit is raised when needed).
     """
+    record = getattr(_CAPTURE, "record", None)
+    if record is not None:
+        record[0].append(RecordedLaunch(kernel, tuple(grid), tuple(block), tuple(args),
+                                        int(shared_mem)))
+        return
     if type(kernel).__name__ == "EmulatedKernel":
         from reference import emulate
 
@@ -245,6 +290,9 @@ def ptr(x) -> np.uint64:
         from reference import emulate
 
         return emulate.HostArray(x)
+    record = getattr(_CAPTURE, "record", None)
+    if record is not None:
+        record[1].append(x)
     if hasattr(x, "data_ptr"):
         return np.uint64(x.data_ptr())
     return np.uint64(x.data.ptr)

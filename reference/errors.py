@@ -50,6 +50,12 @@ class UnsupportedConfigError(ValueError):
     the kernel, not a malformed input."""
 
 
+class PlanCaptureError(RuntimeError):
+    """A plan (``plan_decode`` / ``plan_prefill``) could not learn a launcher's launches: it
+    launched nothing through ``reference.cuda.launch``, or gave its kernels a copy of an input
+    instead of the input itself (a plan re-points only the inputs' own pointers)."""
+
+
 # --- Labs 4 and 5 on the emulated device (reference/emulate.py) ------------------------------
 
 

@@ -1,9 +1,12 @@
 """Plan once, run many: the shared machinery of Lab 4's ``plan_decode`` and Lab 5's
 ``plan_prefill`` (given code, not lab content).
 
-A *plan* is made once for a batch shape. It validates everything that can be validated once
-(with the student's own checks), resolves the compiled kernel, the grid, block and dynamic
-shared memory, and allocates scratch. Its ``run`` then checks only what may change per call
+A *plan* is made once for a batch shape. It runs the student's own launcher once with its
+launches *recorded* instead of run (:func:`record_launches`): the launcher validates, plans,
+allocates its scratch and resolves the compiled kernel, the grid, block and dynamic shared
+memory, exactly as a one-call launch does, and the plan keeps what it launched. The plan itself
+knows nothing of how a lab launches (that is the lab's exercise); it only re-points the
+arguments that were the inputs' pointers. Its ``run`` then checks only what may change per call
 and costs O(1) attribute reads — shape, dtype, device, contiguity, 16-byte alignment of each
 tensor, never a read of device memory — and launches on the current torch stream. That is the
 split of FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper.plan`` / ``.run`` and of vLLM's
@@ -13,6 +16,8 @@ What this module holds:
 
 * :class:`FrozenPlan`, a base whose instances refuse attribute assignment after construction;
 * :class:`TensorSpec` and :func:`check_like`, the per-call check of one tensor against the plan;
+* :func:`record_launches` and :func:`replay`, a launcher's launches learnt once and re-run with
+  the run's tensors;
 * :class:`KernelLaunch`, one kernel launch with everything but its pointer arguments resolved:
   on a GPU it launches on the current torch stream through a cached CuPy stream wrapper; under
   ``PAGEDLAB_DEVICE=emulate`` it runs the emulator instead;
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import cuda as rcuda
-from reference.errors import DeviceMismatchError
+from reference.errors import DeviceMismatchError, PlanCaptureError
 
 
 class FrozenPlan:
@@ -180,6 +185,105 @@ class KernelLaunch(FrozenPlan):
     def emulated(self) -> bool:
         """True when it runs on the emulated device."""
         return self._emulated
+
+
+def _arg_address(arg) -> int | None:
+    """The address a recorded pointer argument holds (None for a scalar)."""
+    if isinstance(arg, np.uint64):
+        return int(arg)
+    if type(arg).__name__ == "HostArray":  # the emulator's fenced CPU array
+        return arg.address
+    return None
+
+
+def _distinct(tensors: tuple) -> tuple:
+    """``tensors`` with every one that shares its first byte with an earlier one cloned.
+
+    NOTE: a plan tells the inputs apart by address, so two inputs that are the same memory
+    (a benchmark passing one cache as keys and values) would be ambiguous: the later one is
+    recorded on a copy, which costs memory only in that unusual case.
+    """
+    seen, result = set(), []
+    for x in tensors:
+        if x is not None and x.numel():
+            if x.data_ptr() in seen:
+                x = x.clone()
+            seen.add(x.data_ptr())
+        result.append(x)
+    return tuple(result)
+
+
+def record_launches(who: str, launcher, names: tuple, tensors: tuple, required: tuple, device):
+    """Runs ``launcher`` once with its launches recorded, and returns what a run re-plays.
+
+    Args:
+        who: the plan and the launcher, for messages (``"plan_decode (_split_kv_launch)"``).
+        launcher: called as ``launcher(*tensors)``; it validates, plans and launches through
+            ``reference.cuda.launch`` as a one-call launch does (nothing runs on the device).
+        names: a name per input tensor, for messages.
+        tensors: the inputs (torch tensors or None), in the order a run passes their pointers to
+            :func:`replay`; inputs that share memory are told apart by copying the later one.
+        required: the names of inputs every kernel launch set must read (a launcher that gives
+            its kernels a copy of one would make a plan whose runs read stale data).
+        device: the torch device the launches run on.
+
+    Returns:
+        ``(result, launches, templates, kept)``: the launcher's return value; a
+        :class:`KernelLaunch` per recorded launch; per launch its argument tuple and the
+        ``(position, input index)`` pairs a run overwrites; the scratch the launcher allocated
+        (keep it as long as the launches).
+
+    Raises:
+        PlanCaptureError: the launcher launched nothing, or no launch read a required input.
+    """
+    tensors = _distinct(tensors)
+    index = {x.data_ptr(): i for i, x in enumerate(tensors) if x is not None and x.numel()}
+    with rcuda.capture_launches() as (recorded, kept):
+        result = launcher(*tensors)
+    launches, templates, read = [], [], set()
+    for r in recorded:
+        slots = tuple((pos, index[a]) for pos, a in
+                      ((pos, _arg_address(arg)) for pos, arg in enumerate(r.args))
+                      if a is not None and a in index)
+        read.update(i for _, i in slots)
+        # The inputs' own pointers are overwritten by every run: keep no reference to them.
+        args = list(r.args)
+        for pos, _ in slots:
+            args[pos] = None
+        launches.append(KernelLaunch(r.kernel, r.grid, r.block, r.shared_mem, device))
+        templates.append((tuple(args), slots))
+    if recorded:
+        missing = [n for i, n in enumerate(names) if n in required and i in index.values()
+                   and i not in read]
+        if missing:
+            raise PlanCaptureError(
+                f"{who} launched kernels that read none of {missing} itself: a plan re-points "
+                f"the inputs' own pointers, so the launcher must pass ptr(<the input>) (a copy "
+                f"would leave every run reading the copy made at plan time)")
+    kept = tuple(x for x in kept if x is None or all(x is not t for t in tensors))
+    return result, tuple(launches), tuple(templates), kept
+
+
+def replay(launches: tuple, templates: tuple, ptrs: tuple) -> None:
+    """Launches recorded launches with the run's pointers.
+
+    Args:
+        launches: the :class:`KernelLaunch` per launch (:func:`record_launches`).
+        templates: per launch, its argument tuple and the positions of the inputs' pointers.
+        ptrs: the run's pointers, one per input, in the order the plan recorded them.
+    """
+    for launch, (template, slots) in zip(launches, templates):
+        args = list(template)
+        for pos, i in slots:
+            args[pos] = ptrs[i]
+        launch(tuple(args))
+
+
+def no_launcher_launch(who: str) -> PlanCaptureError:
+    """The error for a launcher that launched nothing where it had work to do."""
+    return PlanCaptureError(
+        f"{who} launched no kernel through reference.cuda.launch for a batch with work to do: "
+        f"launch with launch(...) (reference.cuda) so that a plan can record it")
 
 
 def ptr_function(device):

@@ -17,17 +17,20 @@ pytestmark = pytest.mark.skipif(not SOLUTIONS_DIR.is_dir(), reason="needs soluti
 
 @pytest.fixture(scope="module")
 def released_reference(tmp_path_factory):
-    """The ``reference/`` a release of every lab ships (copied as the builder selects it)."""
+    """The ``reference/`` and given ``labs/<lab>/_*.py`` a release of every lab ships (copied as
+    the builder selects them)."""
     out = tmp_path_factory.mktemp("rel")
     for rel in source_files():
-        if rel.startswith("reference/") and rel.endswith(".py") and is_released(rel, lab_names()):
+        given = rel.startswith("labs/") and rel.rsplit("/", 1)[-1].startswith("_")
+        if ((rel.startswith("reference/") or given) and rel.endswith(".py")
+                and is_released(rel, lab_names())):
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO_ROOT / rel, out / rel)
     return out
 
 
 def test_release_reference_holds_no_answer_beyond_the_decided_overlaps(released_reference):
-    """Every function body of a release's reference/ that resembles the solution of a TODO
+    """Every function body of a release's reference/ and given lab files that resembles the solution of a TODO
     function (similarity >= the threshold) is one of the decided, documented overlaps."""
     found = overlaps(released_reference)
     unknown = [f"{r:.2f}  {ref} ~ {todo}" for r, ref, todo in found
@@ -60,3 +63,18 @@ def test_a_planted_copy_of_a_solution_is_found(tmp_path):
     (tmp_path / "reference" / "util.py").write_text(textwrap.dedent(ast.unparse(func)))
     found = overlaps(tmp_path)
     assert any(todo.endswith(":paged_decode_split_k") and r > 0.95 for r, _, todo in found), found
+
+
+def test_a_given_lab_file_holding_a_todo_is_found(tmp_path):
+    """Given files are scanned too: Lab 4's ``_split_kv_launch`` solution pasted (renamed) into
+    a given ``labs/<lab>/_*.py`` is reported."""
+    import ast
+
+    solution = (SOLUTIONS_DIR / "lab04_decode_kernels" / "solution.py").read_text()
+    func = next(n for n in ast.parse(solution).body
+                if isinstance(n, ast.FunctionDef) and n.name == "_split_kv_launch")
+    func.name = "launch_planned"
+    (tmp_path / "labs" / "lab04_decode_kernels").mkdir(parents=True)
+    (tmp_path / "labs" / "lab04_decode_kernels" / "_plan.py").write_text(ast.unparse(func))
+    found = overlaps(tmp_path)
+    assert any(todo.endswith(":_split_kv_launch") and r > 0.95 for r, _, todo in found), found

@@ -213,7 +213,7 @@ def test_decode_run_is_the_one_call_bit_for_bit(lens, max_len, version):
                               return_lse=True)
     plan = impl.plan_decode(*case.args(), case.scale, max_context_len=max_len, version=version)
     if max_len is None:
-        assert plan.split.num_partitions > 1, "the case meant to test split-K does not split"
+        assert plan.num_partitions > 1, "the case meant to test split-K does not split"
     out = case.poisoned_out()
     got, lse = plan.run(*case.args(), out=out, return_lse=True)
     synchronize()
@@ -239,6 +239,63 @@ def test_prefill_run_is_the_one_call_bit_for_bit(kernel, alibi):
     got = plan.run(*args, alibi_slopes=b["alibi_slopes"], out=out)
     synchronize()
     assert got is out and torch.equal(got, want), f"{kernel}: run differs from the one-call"
+
+
+@pytest.mark.emulated
+@pytest.mark.skipif(kernel_skip_reason() is not None, reason=f"GPU-REQ: {kernel_skip_reason()}")
+def test_decode_run_follows_new_tensors_and_aliased_caches():
+    """A plan records the launcher's launches on the example tensors and re-points every input:
+    a run on *other* tensors of the same shape (another seed: new queries, caches, tables and
+    lengths) gives the one-call output on those; a plan made with one tensor as both caches
+    (told apart by a copy at plan time) runs on separate caches correctly."""
+    impl = load_impl(DECODE, "solution")
+    a = decode_case((900, 40, 300))
+    b2 = type(a)(12, [900, 40, 300], 8, 2, 128, 16)
+    assert not torch.equal(a.block_tables, b2.block_tables), "the second case must differ"
+    plan = impl.plan_decode(*a.args(), a.scale, max_context_len=960)
+    want = impl.paged_attention(*b2.args(), a.scale, max_context_len=960)
+    assert torch.equal(plan.run(*b2.args()), want), "run did not follow the new tensors"
+    q, k, v, bt, cl = a.args()
+    aliased = impl.plan_decode(q, k, k, bt, cl, a.scale)
+    assert torch.equal(aliased.run(*a.args()), impl.paged_attention(*a.args(), a.scale)), (
+        "a plan made with key_cache is value_cache did not re-point the value cache")
+
+
+def _with(impl, name, fn):
+    ns = dict(vars(impl))
+    ns[name] = fn
+    return ns
+
+
+@pytest.mark.emulated
+@pytest.mark.skipif(kernel_skip_reason() is not None, reason=f"GPU-REQ: {kernel_skip_reason()}")
+def test_plans_refuse_launchers_they_cannot_record():
+    """A launcher that launches nothing through ``reference.cuda.launch``, or that hands its
+    kernels a copy of an input, makes no plan: PlanCaptureError names the launcher and the input
+    (a plan built on it would run nothing, or read the plan-time copy forever)."""
+    from labs.lab04_decode_kernels._plan import DecodePlan
+    from labs.lab05_prefill_kernels._plan import PrefillPlan
+    from reference.errors import PlanCaptureError
+
+    impl = load_impl(DECODE, "solution")
+    case = decode_case()
+    real = impl._split_kv_launch
+
+    def copies_tables(kernel, q, k, v, bt, *rest, **kw):
+        return real(kernel, q, k, v, bt.clone(), *rest, **kw)
+
+    def launches_nothing(kernel, q, *rest, **kw):
+        return torch.empty_like(q), torch.empty(q.shape[:2], device=q.device)
+
+    with pytest.raises(PlanCaptureError, match="block_tables"):
+        DecodePlan(_with(impl, "_split_kv_launch", copies_tables), *case.args(), case.scale)
+    with pytest.raises(PlanCaptureError, match="launched no kernel"):
+        DecodePlan(_with(impl, "_split_kv_launch", launches_nothing), *case.args(), case.scale)
+    impl5 = load_impl(PREFILL, "solution")
+    b = prefill_batch()
+    with pytest.raises(PlanCaptureError, match="launched no kernel"):
+        PrefillPlan(_with(impl5, "paged_prefill_tc", lambda q, *a, **k: q), *prefill_args(b),
+                    b["scale"])
 
 
 # ----------------------------------------------------------------------------- GPU only

@@ -1,12 +1,15 @@
 """Lab 4's plan / run split (given to you, not lab content): ``plan_decode`` once per batch
 shape, then ``plan.run(...)`` every step — the launch path at FlashInfer's host cost.
 
-It is built on your TODO functions: the plan validates with your ``check_decode_args``, picks
-the kernel with your ``_prefers_v6``, cuts the contexts with your ``plan_split_kv`` and groups
-heads with your ``heads_per_cta``, then launches your ``.cu`` kernels exactly as your
-``_split_kv_launch`` does (the tests prove ``run`` gives the one-call output bit for bit). The
-lab module passes its namespace in (``plan_decode(globals(), ...)``), so a plan always uses the
-functions the module holds now. Protected, like ``_launch.py``.
+It is built on your TODO functions: the plan picks the kernel with your ``_prefers_v6``,
+validates with your ``check_decode_args``, then calls your ``_split_kv_launch`` once with its
+launches *recorded* instead of run (``reference.launch_plan.record_launches``): your launcher
+plans the split, allocates its scratch and chooses kernels, grids and shared memory, and the
+plan keeps exactly that. ``run`` re-launches it with the run's tensors in place of the
+example's (the tests prove it gives the one-call output bit for bit). So launch with
+``launch(...)`` and pass ``ptr(<the input>)``, as the TODOs say. The lab module passes its
+namespace in (``plan_decode(globals(), ...)``), so a plan always uses the functions the module
+holds now. Protected, like ``_launch.py``.
 
 vLLM / FlashInfer: ``plan_decode`` is FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper.plan``
 (and vLLM's ``FlashInferMetadataBuilder.build``): shapes, the split-K partition plan, kernel
@@ -15,36 +18,29 @@ handle and scratch, once per step; ``run`` is the wrapper's ``run``, once per la
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from labs.lab04_decode_kernels._launch import (
-    MAX_HEADS_PER_CTA,
-    MAX_PARTITION_SIZE,
-    NUM_THREADS,
     V3_KERNEL,
     V4_KERNEL,
     V5_KERNEL,
     V6_KERNEL,
-    check_plan,
-    get_kernel,
-    kernel_options,
-    num_sms,
 )
 from reference import cuda as rcuda
-from reference.checks import check_on_cuda, debug_enabled
-from reference.errors import UnsupportedConfigError
+from reference.checks import debug_enabled
 from reference.launch_plan import (
     FrozenPlan,
-    KernelLaunch,
     check_like,
+    no_launcher_launch,
     ptr_function,
+    record_launches,
+    replay,
     spec_of,
 )
 
 #: The split-K kernels a plan can be made for (None: paged_attention's v6 / v4 dispatch).
 PLAN_KERNELS = {"v3": V3_KERNEL, "v4": V4_KERNEL, "v5": V5_KERNEL, "v6": V6_KERNEL}
+
+#: The run's tensors, in the order their pointers are re-pointed.
+_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "context_lens", "out")
 
 
 class DecodePlan(FrozenPlan):
@@ -53,9 +49,9 @@ class DecodePlan(FrozenPlan):
     Attributes:
         shape: the batch (a ``DecodeShape``: sizes, dtype, the scale used).
         version: the kernel it launches (``"v3"`` .. ``"v6"``).
-        split: the split-K ``SplitKVPlan`` (partitions x tokens).
+        num_partitions: split-K partitions your launcher chose (the grid's z extent).
         max_context_len: the bound on every context the runs may have (tokens).
-        heads_per_cta: query heads one CTA serves.
+        heads_per_cta: query heads one CTA serves (None for an empty batch).
         debug: whether ``run`` re-runs the full, device-reading checks by default.
         lse: [num_seqs, num_q_heads] float32 scratch the kernels write the log-sum-exp into;
             ``run(..., return_lse=True)`` returns it (overwritten by the next run).
@@ -72,66 +68,31 @@ class DecodePlan(FrozenPlan):
             raise ValueError(f"version must be one of {sorted(PLAN_KERNELS)} or None, got "
                              f"{version!r}")
         kernel = PLAN_KERNELS[version]
-        # The full check, once: structure, values (debug / CPU), then the device, last.
         shape, (q, k, v, bt, cl, _) = ns["check_decode_args"](
             query, key_cache, value_cache, block_tables, context_lens, scale,
             max_context_len=max_context_len, debug=debug, check_device=False)
-        if shape.head_size not in kernel.head_sizes:
-            raise UnsupportedConfigError(f"head_size={shape.head_size} is not supported by "
-                                         f"{kernel.name}; it has code for {kernel.head_sizes}")
-        check_plan(shape, plan, max_context_len, kernel.max_partition_size)
-        defines = kernel.defines_for(tuning)
-        check_on_cuda(query=q, key_cache=k, value_cache=v, block_tables=bt, context_lens=cl)
-        max_len = shape.table_tokens if max_context_len is None else int(max_context_len)
-        if plan is None:
-            plan = ns["plan_split_kv"](
-                shape.num_seqs, shape.num_kv_heads, max_len, num_sms(q.device),
-                block_size=shape.block_size, target_ctas_per_sm=kernel.target_ctas_per_sm,
-                max_partition_size=kernel.max_partition_size or MAX_PARTITION_SIZE)
-        hpc = ns["heads_per_cta"](shape.group, defines.pop("MAX_HEADS_PER_CTA", MAX_HEADS_PER_CTA))
-        threads = 32 * defines.get("NUM_WARPS", NUM_THREADS // 32)
-        defines["HEADS_PER_CTA"] = hpc
-        if kernel.max_partition_size is not None:
-            defines["MAX_PARTITION_SIZE"] = kernel.max_partition_size
-        n = plan.num_partitions
-        dev = q.device
-        lse = torch.empty((shape.num_seqs, shape.num_q_heads), dtype=torch.float32, device=dev)
-        part_ml = part_acc = None
-        if n > 1:
-            part_ml = torch.empty((2, shape.num_seqs, shape.num_q_heads, n), dtype=torch.float32,
-                                  device=dev)
-            part_acc = torch.empty((shape.num_seqs, shape.num_q_heads, n, shape.head_size),
-                                   dtype=torch.float32, device=dev)
-        launches = ()
-        if shape.num_seqs:
-            with _device(q):
-                main = get_kernel(ns["KERNEL_DIR"] / kernel.file, kernel.name,
-                                  kernel_options(shape, **defines))
-                smem = kernel.shared_mem(shape, defines) if kernel.shared_mem else 0
-                launches = (KernelLaunch(main, (shape.num_seqs, shape.num_q_heads // hpc, n),
-                                         (threads,), smem, dev),)
-                if n > 1:
-                    reduce = get_kernel(ns["KERNEL_DIR"] / "decode_reduce.cu",
-                                        "paged_decode_reduce", kernel_options(shape))
-                    launches += (KernelLaunch(reduce, (shape.num_seqs, shape.num_q_heads), (32,),
-                                              0, dev),)
-        else:
-            lse.fill_(-math.inf)
-        ptr = ptr_function(dev)
-        null = np.uint64(0)
-        # Scratch pointers are fixed for the plan's life (graph replays see the same buffers).
-        parts = ((ptr(part_ml[0]), ptr(part_ml[1]), ptr(part_acc)) if n > 1
-                 else (null, null, null))
+        example_out = torch.empty_like(q)
+
+        def launch_once(q, k, v, bt, cl, out):
+            return ns["_split_kv_launch"](kernel, q, k, v, bt, cl, scale,
+                                          max_context_len=max_context_len, plan=plan,
+                                          return_lse=True, out=out, debug=debug, tuning=tuning)
+
+        who = f"plan_decode ({version}: your _split_kv_launch)"
+        (_, lse), launches, templates, kept = record_launches(
+            who, launch_once, _INPUTS, (q, k, v, bt, cl, example_out), _INPUTS, q.device)
+        if shape.num_seqs and not launches:
+            raise no_launcher_launch(who)
+        grid = launches[0].grid + (1, 1) if launches else (0, 1, 1)
         self._set(
-            shape=shape, version=version, split=plan, max_context_len=max_len,
-            heads_per_cta=hpc, debug=debug_enabled(debug), lse=lse,
-            _ns=ns, _scale=scale, _ptr=ptr, _launches=launches,
-            _part_ml=part_ml, _part_acc=part_acc, _lse_ptr=ptr(lse), _parts=parts,
+            shape=shape, version=version, num_partitions=grid[2],
+            max_context_len=shape.table_tokens if max_context_len is None
+            else int(max_context_len),
+            heads_per_cta=shape.num_q_heads // grid[1] if launches else None,
+            debug=debug_enabled(debug), lse=rcuda.as_torch(lse),
+            _ns=ns, _scale=scale, _ptr=ptr_function(q.device), _launches=launches,
+            _templates=templates, _kept=kept,
             _specs=(spec_of(q, 16), spec_of(k, 16), spec_of(v, 16), spec_of(bt), spec_of(cl)),
-            _tail=(np.int32(shape.max_blocks_per_seq), np.int32(shape.num_kv_heads),
-                   np.int32(shape.group), np.float32(shape.scale),
-                   np.int32(plan.partition_size)),
-            _reduce_tail=(np.int32(n), np.int32(plan.partition_size)),
         )
 
     def run(self, query, key_cache, value_cache, block_tables, context_lens, *, out=None,
@@ -181,12 +142,8 @@ class DecodePlan(FrozenPlan):
             o = check_like("out", out, sq)
         if self._launches:
             ptr = self._ptr
-            out_ptr, cl_ptr = ptr(o), ptr(cl)
-            self._launches[0]((out_ptr, self._lse_ptr, *self._parts, ptr(q), ptr(k), ptr(v),
-                               ptr(bt), cl_ptr, *self._tail))
-            if len(self._launches) > 1:
-                self._launches[1]((out_ptr, self._lse_ptr, *self._parts, cl_ptr,
-                                   *self._reduce_tail))
+            replay(self._launches, self._templates,
+                   (ptr(q), ptr(k), ptr(v), ptr(bt), ptr(cl), ptr(o)))
         result = out if out is not None else (o if type(query) is type(o)
                                               else rcuda.like_input(o, query))
         if return_lse:
@@ -197,18 +154,7 @@ class DecodePlan(FrozenPlan):
         s = self.shape
         return (f"DecodePlan({self.version}, {s.num_seqs} seqs, {s.num_q_heads}q/"
                 f"{s.num_kv_heads}kv, head {s.head_size}, block {s.block_size}, {s.dtype}, "
-                f"split {self.split.num_partitions} x {self.split.partition_size})")
-
-
-def _device(q):
-    """Makes ``q``'s GPU current for CuPy while the plan loads its kernels."""
-    import contextlib
-
-    if q.device.type != "cuda":
-        return contextlib.nullcontext()
-    import cupy
-
-    return cupy.cuda.Device(q.device.index or 0)
+                f"{self.num_partitions} partitions)")
 
 
 def plan_decode(ns: dict, *args, **kwargs) -> DecodePlan:

@@ -324,6 +324,8 @@ def _split_kv_launch(kernel: SplitKVKernel, query, key_cache, value_cache, block
     #     defines) bytes of dynamic shared memory (0 when None).
     #  5. split: paged_decode_reduce of decode_reduce.cu on grid (num_seqs, num_q_heads), 32
     #     threads. Return finish(out, query), and finish(lse, query) too with return_lse.
+    #  Launch with rcuda.launch and rcuda.ptr of the validated tensors themselves (no copies):
+    #  plan_decode records these launches once and re-points those pointers on every run.
     raise NotImplementedError("TODO(lab4.3): _split_kv_launch — split-K plan, kernel and merge")
 
 
@@ -434,8 +436,9 @@ def plan_decode(query, key_cache, value_cache, block_tables, context_lens, scale
     ``plan.run(query, key_cache, value_cache, block_tables, context_lens, out=...)`` checks
     only shapes, dtypes, devices, contiguity and alignment against the plan (no device reads,
     no synchronisation, nothing allocated when ``out`` is given: capturable in a CUDA graph).
-    The plan is made with your ``check_decode_args``, ``_prefers_v6``, ``plan_split_kv`` and
-    ``heads_per_cta``, so it works once they do.
+    The plan is made with your ``_prefers_v6`` and ``check_decode_args``, then calls your
+    ``_split_kv_launch`` once with its launches recorded (nothing runs) and keeps them, so it
+    works once they do; ``run`` re-launches them with its tensors' pointers.
 
     Args:
         query, key_cache, value_cache, block_tables, context_lens, scale, max_context_len,

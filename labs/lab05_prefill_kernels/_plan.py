@@ -3,11 +3,13 @@ then ``plan.run(...)`` for every call on it (every layer of a step) — the laun
 FlashInfer's host cost.
 
 It is built on your TODO functions: the plan validates with your ``check_prefill_inputs``,
-cuts the query tiles with your ``plan_query_tiles`` (through ``plan_for_kernel``), runs the
-given checks that follow the plan (``check_launch``), uploads the work list once and resolves
-your tiled or tensor-core kernel; ``run`` launches it exactly as your ``paged_prefill_tiled`` /
-``paged_prefill_tc`` do (the tests prove it, bit for bit). The lab module passes its namespace
-in (``plan_prefill(globals(), ...)``). Protected, like ``_launch.py``.
+cuts the query tiles with your ``plan_query_tiles`` (through ``plan_for_kernel``), then calls
+your ``paged_prefill_tiled`` / ``paged_prefill_tc`` once with that tile plan and its launches
+*recorded* instead of run (``reference.launch_plan.record_launches``): the plan keeps the
+kernel, grid, shared memory and work list your launcher chose, and ``run`` re-launches them
+with the run's tensors (the tests prove it gives the one-call output bit for bit). So launch
+with ``launch(...)`` and pass ``ptr(<the input>)``, as the TODOs say. The lab module passes
+its namespace in (``plan_prefill(globals(), ...)``). Protected, like ``_launch.py``.
 
 vLLM / FlashInfer: ``plan_prefill`` is FlashInfer's
 ``BatchPrefillWithPagedKVCacheWrapper.plan`` (qo_indptr, the paged KV layout, head counts: the
@@ -20,27 +22,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from labs.lab05_prefill_kernels._launch import (
-    DTYPE_TAG,
-    TC_TILING,
-    TILED_THREADS,
-    TcTiling,
-    check_block_ids,
-    check_launch,
-    device_of,
-    host_ints,
-    scalars,
-    tiled_shared_bytes,
-)
+from labs.lab05_prefill_kernels._launch import TC_TILING, TcTiling, check_block_ids, host_ints
 from reference.checks import debug_enabled
-from reference.cuda import as_torch, get_kernel, like_input
+from reference.cuda import as_torch, like_input
 from reference.launch_plan import (
     FrozenPlan,
-    KernelLaunch,
     check_like,
+    no_launcher_launch,
     ptr_function,
+    record_launches,
+    replay,
     spec_of,
 )
+
+#: The run's tensors, in the order their pointers are re-pointed.
+_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q", "context_lens",
+           "alibi_slopes", "out")
 
 #: The kernels a plan can be made for (the naive one needs no plan to be slow).
 PLAN_KERNELS = ("tiled", "tc")
@@ -74,43 +71,30 @@ class PrefillPlan(FrozenPlan):
                                           num_q_heads=shapes.num_q_heads,
                                           num_kv_heads=shapes.num_kv_heads, causal=causal,
                                           tc_tiling=tc_tiling)
-        # The checks that follow the plan (its fit, block ids when debugging, the device, last);
-        # the output it returns is an example only (a run allocates its own or takes ``out``).
-        check_launch(kernel, shapes, tile_plan, query=query, key_cache=key_cache,
-                     value_cache=value_cache, block_tables=block_tables,
-                     cu_seqlens_q=cu_seqlens_q, context_lens=context_lens,
-                     alibi_slopes=alibi_slopes, causal=causal, out=None, debug=debug,
-                     tc_tiling=tc_tiling)
-        q = as_torch(query)
-        num_work = len(tile_plan.work)
-        launches = ()
-        work = tile_plan.device_work(q.device)  # uploaded once: the plan's device metadata
-        if num_work:
-            with device_of(q):
-                if kernel == "tc":
-                    compiled = get_kernel(ns["KERNEL_DIR"] / "prefill_tc.cu",
-                                          tc_tiling.kernel_name(shapes.dtype, shapes.head_size))
-                    launch = KernelLaunch(compiled, (num_work * shapes.num_kv_heads,),
-                                          (32 * tc_tiling.warps,),
-                                          tc_tiling.shared_bytes(shapes.head_size), q.device)
-                else:
-                    name = f"prefill_tiled_{DTYPE_TAG[shapes.dtype]}_d{shapes.head_size}"
-                    compiled = get_kernel(ns["KERNEL_DIR"] / "prefill_tiled.cu", name)
-                    launch = KernelLaunch(compiled, (num_work * shapes.num_q_heads,),
-                                          (TILED_THREADS,),
-                                          tiled_shared_bytes(shapes.head_size, shapes.dtype),
-                                          q.device)
-            launches = (launch,)
-        ptr = ptr_function(q.device)
-        specs = tuple(spec_of(as_torch(x), a) for x, a in (
-            (query, 16), (key_cache, 16), (value_cache, 16), (block_tables, 1),
-            (cu_seqlens_q, 1), (context_lens, 1)))
-        alibi_spec = None if alibi_slopes is None else spec_of(as_torch(alibi_slopes))
+        tensors = tuple(None if x is None else as_torch(x) for x in (
+            query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
+            alibi_slopes))
+        import torch
+
+        q = tensors[0]
+        launcher = ns["paged_prefill_tc" if kernel == "tc" else "paged_prefill_tiled"]
+        extra = {"tc_tiling": tc_tiling} if kernel == "tc" else {}
+
+        def launch_once(q, k, v, bt, cu, cl, alibi, out):
+            return launcher(q, k, v, bt, cu, cl, scale, alibi_slopes=alibi, causal=causal,
+                            out=out, plan=tile_plan, debug=debug, **extra)
+
+        who = f"plan_prefill (your paged_prefill_{kernel})"
+        _, launches, templates, kept = record_launches(
+            who, launch_once, _INPUTS, tensors + (torch.empty_like(q),), _INPUTS, q.device)
+        if len(tile_plan.work) and not launches:
+            raise no_launcher_launch(who)
+        specs = tuple(spec_of(x, a) for x, a in zip(tensors[:6], (16, 16, 16, 1, 1, 1)))
+        alibi_spec = None if alibi_slopes is None else spec_of(tensors[6])
         self._set(kernel=kernel, shapes=shapes, tile_plan=tile_plan, scale=float(scale),
                   causal=bool(causal), tc_tiling=tc_tiling, debug=debug_enabled(debug),
-                  _ns=ns, _ptr=ptr, _launches=launches, _work=work, _work_ptr=ptr(work),
-                  _specs=specs, _alibi_spec=alibi_spec,
-                  _tail=tuple(scalars(scale, shapes, causal)))
+                  _ns=ns, _ptr=ptr_function(q.device), _launches=launches,
+                  _templates=templates, _kept=kept, _specs=specs, _alibi_spec=alibi_spec)
 
     def run(self, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, *,
             alibi_slopes=None, out=None, debug=None):
@@ -148,17 +132,18 @@ class PrefillPlan(FrozenPlan):
             self._check_values(query, key_cache, value_cache, block_tables, cu_seqlens_q,
                                context_lens, alibi_slopes, out)
         sq, sk, sv, sbt, scu, scl = self._specs
+        ptr = self._ptr
         q = check_like("query", query, sq)
-        args = [None, self._ptr(q), self._ptr(check_like("key_cache", key_cache, sk)),
-                self._ptr(check_like("value_cache", value_cache, sv)),
-                self._ptr(check_like("block_tables", block_tables, sbt)),
-                self._ptr(check_like("cu_seqlens_q", cu_seqlens_q, scu)),
-                self._ptr(check_like("context_lens", context_lens, scl))]
+        ptrs = [ptr(q), ptr(check_like("key_cache", key_cache, sk)),
+                ptr(check_like("value_cache", value_cache, sv)),
+                ptr(check_like("block_tables", block_tables, sbt)),
+                ptr(check_like("cu_seqlens_q", cu_seqlens_q, scu)),
+                ptr(check_like("context_lens", context_lens, scl))]
         if (alibi_slopes is None) != (self._alibi_spec is None):
             raise ValueError("alibi_slopes must be given exactly when the plan was made with "
                              "them (the kernel's ALiBi path is chosen at plan time)")
-        args.append(np.uint64(0) if alibi_slopes is None
-                    else self._ptr(check_like("alibi_slopes", alibi_slopes, self._alibi_spec)))
+        ptrs.append(np.uint64(0) if alibi_slopes is None
+                    else ptr(check_like("alibi_slopes", alibi_slopes, self._alibi_spec)))
         if out is None:
             import torch
 
@@ -166,8 +151,8 @@ class PrefillPlan(FrozenPlan):
         else:
             o = check_like("out", out, sq)
         if self._launches:
-            args[0] = self._ptr(o)
-            self._launches[0]((*args, self._work_ptr, *self._tail))
+            ptrs.append(ptr(o))
+            replay(self._launches, self._templates, ptrs)
         return out if out is not None else like_input(o, query)
 
     def _check_values(self, query, key_cache, value_cache, block_tables, cu_seqlens_q,

@@ -255,7 +255,9 @@ def paged_prefill_tiled(query, key_cache, value_cache, block_tables, cu_seqlens_
     # TODO(lab5.4): write prefill_tiled.cu, then launch "prefill_tiled_<tag>_d<head_size>" with
     # grid (len(plan.work) * num_q_heads,), block (TILED_THREADS,), shared memory
     # tiled_shared_bytes(...), and the plan's work list on the GPU (plan.device_work) between
-    # the common pointers and the scalars (scalars). Launch nothing for an empty plan.
+    # the common pointers and the scalars (scalars). Launch nothing for an empty plan. Use
+    # launch and ptr of the inputs themselves (no copies): plan_prefill records this launch
+    # once and re-points those pointers on every run.
     raise NotImplementedError("TODO(lab5.4): paged_prefill_tiled — launch the tiled kernel")
 
 
@@ -297,7 +299,9 @@ def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, cont
     out=...)`` checks only shapes, dtypes, devices, contiguity and alignment against the plan
     (no device reads, no synchronisation, nothing allocated when ``out`` is given: capturable
     in a CUDA graph); the lengths must keep the planned values. The plan is made with your
-    ``check_prefill_inputs`` and ``plan_query_tiles``, so it works once they do.
+    ``check_prefill_inputs`` and ``plan_query_tiles``, then calls your ``paged_prefill_tc`` (or
+    ``_tiled``) once with its launches recorded (nothing runs) and keeps them, so it works once
+    they do; ``run`` re-launches them with its tensors' pointers.
 
     Args:
         query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,

@@ -1,5 +1,6 @@
 """Does a release hand out the answer to a TODO? Function bodies of the release's trusted code
-compared with the solution of every TODO function.
+(``reference/``) and of the labs' given files (``labs/<lab>/_*.py``) compared with the solution
+of every TODO function.
 
 The decision (instructor README, "What a release ships from reference/"): trusted helpers that
 later labs need stay in a release, so that every lab is graded on its own; where one of them is
@@ -38,9 +39,17 @@ KNOWN_OVERLAPS = {
     ("reference/oracle.py::attention_ref", "lab03_paged_attention_oracle:dense_attention"):
         "the float64 dense oracle Labs 3-5 are graded against; TODO(lab3.1) is the warm-up",
 }
+# Lab 4's given launchers are the worked example of a launcher's shape (validate, allocate,
+# launch, finish); v1's and v2's Python follows it by design, their task is the kernel.
+KNOWN_OVERLAPS.update({
+    (f"labs/lab04_decode_kernels/_launch.py::{given}", f"lab04_decode_kernels:{todo}"):
+        "the worked example of a launcher (TODO(lab4.1)/(lab4.2) are the kernels)"
+    for given in ("launch_naive", "launch_v0")
+    for todo in ("paged_attention_v1", "paged_attention_v2")})
 #: Labs whose handout must state an overlap, and a phrase each must contain.
 STATED_IN_HANDOUT = {"lab01_block_manager": "reference/block_allocator.py",
-                     "lab03_paged_attention_oracle": "reference/oracle.py"}
+                     "lab03_paged_attention_oracle": "reference/oracle.py",
+                     "lab04_decode_kernels": "worked example of a launcher"}
 
 
 def _bodies(path: Path, rel: str) -> dict[str, list[str]]:
@@ -97,7 +106,10 @@ def overlaps(release: Path, min_tokens: int = 25) -> list[tuple[float, str, str]
     """
     answers = {k: v for k, v in todo_solutions().items() if len(v) >= min_tokens}
     found = []
-    for path in sorted((release / "reference").rglob("*.py")):
+    # Trusted shared code, and each lab's given files (``_*.py``, protected): neither may hold
+    # a TODO's steps (a given plan that re-implements the launcher would be one).
+    given = sorted((release / "labs").glob("lab*/_*.py"))
+    for path in sorted((release / "reference").rglob("*.py")) + given:
         rel = path.relative_to(release).as_posix()
         for name, toks in _bodies(path, rel).items():
             if len(toks) < min_tokens:

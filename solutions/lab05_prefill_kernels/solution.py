@@ -397,7 +397,9 @@ def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, cont
     out=...)`` checks only shapes, dtypes, devices, contiguity and alignment against the plan
     (no device reads, no synchronisation, nothing allocated when ``out`` is given: capturable
     in a CUDA graph); the lengths must keep the planned values. The plan is made with your
-    ``check_prefill_inputs`` and ``plan_query_tiles``, so it works once they do.
+    ``check_prefill_inputs`` and ``plan_query_tiles``, then calls your ``paged_prefill_tc`` (or
+    ``_tiled``) once with its launches recorded (nothing runs) and keeps them, so it works once
+    they do; ``run`` re-launches them with its tensors' pointers.
 
     Args:
         query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,
