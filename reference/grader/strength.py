@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contracts", action="store_true", help="run only (d), the contract check")
     parser.add_argument("--signatures", action="store_true",
                         help="compute and store each mutant's failure signature (all its lab's tests)")
+    parser.add_argument("--missing", action="store_true",
+                        help="with --signatures: only mutants that have no stored signature yet "
+                             "(resume a run cut short: each signature is stored as it comes)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
     parser.add_argument("--isolated", action="store_true",
                         help="run the implementations in the unprivileged worker, as grading does")
@@ -172,11 +175,13 @@ def _signature(mutant: Mutant) -> tuple[Mutant, list[str] | None, str | None]:
     return mutant, failing, problem
 
 
-def compute_signatures(labs: list[str] | None, jobs: int) -> list[str]:
+def compute_signatures(labs: list[str] | None, jobs: int, missing_only: bool = False) -> list[str]:
     """Runs every runnable mutant against all its lab's public tests; writes signatures.json.
 
-    Entries of mutants this machine cannot run (GPU) are kept from the previous file; entries of
-    mutants that no longer exist are dropped.
+    Each lab's file is rewritten as every signature comes in, so a run cut short (a device time
+    limit) keeps what it finished; ``missing_only`` then resumes with the rest. Entries of mutants
+    this machine cannot run (GPU) are kept from the previous file; entries of mutants that no
+    longer exist are dropped.
 
     Returns:
         Problems (a mutant that broke the run or passes the tests it claims to fail).
@@ -184,32 +189,42 @@ def compute_signatures(labs: list[str] | None, jobs: int) -> list[str]:
     mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
     have_gpu = gpu_available()
     runnable = [m for m in mutants if have_gpu or not m.requires_gpu]
+    stored = {lab: _stored_signatures(lab) for lab in sorted({m.lab for m in mutants})}
+    if missing_only:
+        runnable = [m for m in runnable if m.name not in stored[m.lab]]
     print(f"signatures: running all tests against {len(runnable)} mutants "
-          f"({len(mutants) - len(runnable)} need a GPU: previous entries kept)")
-    found: dict[str, dict[str, list[str]]] = {}
+          f"({len(mutants) - len(runnable)} kept from the stored file)")
     problems = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for mutant, failing, problem in pool.map(_signature, runnable):
             print(f"      {mutant.lab}/{mutant.name}: "
                   + (f"fails {len(failing)} tests" if failing is not None else "-")
-                  + (f"  PROBLEM: {problem}" if problem else ""))
+                  + (f"  PROBLEM: {problem}" if problem else ""), flush=True)
             if problem:
                 problems.append(f"mutant {mutant.lab}/{mutant.name}: {problem}")
             if failing is not None:
-                found.setdefault(mutant.lab, {})[mutant.name] = failing
-    for lab in sorted({m.lab for m in mutants}):
-        path = signatures_path(lab)
-        old = json.loads(path.read_text()).get("mutants", {}) if path.is_file() else {}
-        entries = {}
-        for m in (m for m in mutants if m.lab == lab):
-            failing = found.get(lab, {}).get(m.name, old.get(m.name, {}).get("failing"))
-            if failing is None:
-                continue
-            entries[m.name] = {"mistake": m.mistake, "see": handout_section(lab, m.name),
-                               "caught_by": m.caught_by, "failing": failing}
-        path.write_text(json.dumps({"format": 1, "mutants": entries}, indent=1) + "\n")
-        print(f"      wrote {path.relative_to(SOLUTIONS_DIR.parent)} ({len(entries)} mutants)")
+                stored[mutant.lab][mutant.name] = {"failing": failing}
+                _write_signatures(mutant.lab, mutants, stored[mutant.lab])
+    for lab in stored:
+        n = _write_signatures(lab, mutants, stored[lab])
+        print(f"      wrote {signatures_path(lab).relative_to(SOLUTIONS_DIR.parent)} ({n} mutants)")
     return problems
+
+
+def _stored_signatures(lab: str) -> dict[str, dict]:
+    path = signatures_path(lab)
+    return json.loads(path.read_text()).get("mutants", {}) if path.is_file() else {}
+
+
+def _write_signatures(lab: str, mutants: list[Mutant], found: dict[str, dict]) -> int:
+    """Writes a lab's signatures.json from ``found`` (name -> entry with "failing"); returns the
+    number of entries (current mutants only, their words and handout section refreshed)."""
+    entries = {}
+    for m in (m for m in mutants if m.lab == lab and m.name in found):
+        entries[m.name] = {"mistake": m.mistake, "see": handout_section(lab, m.name),
+                           "caught_by": m.caught_by, "failing": found[m.name]["failing"]}
+    signatures_path(lab).write_text(json.dumps({"format": 1, "mutants": entries}, indent=1) + "\n")
+    return len(entries)
 
 
 def check_contracts(labs: list[str] | None) -> list[str]:
@@ -235,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
     labs = resolve_labs(args.labs) if args.labs else None
     problems: list[str] = []
     if args.signatures:
-        problems = compute_signatures(labs, args.jobs)
+        problems = compute_signatures(labs, args.jobs, args.missing)
         for p in problems:
             print(f"  - {p}")
         return 1 if problems else 0
