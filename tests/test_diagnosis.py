@@ -26,6 +26,15 @@ def test_every_mutant_is_diagnosed_as_itself_or_a_named_equivalent(lab, name):
     """The failing tests of each mutant (its stored signature) are diagnosed as that mutant's
     mistake — alone, or together with mutants that fail exactly the same tests."""
     entries = load_entries(lab)
+    if not entries[name]["failing"]:
+        # A mistake only the hidden tests catch fails no public test: there is nothing to
+        # diagnose in a student's run (and a diagnosis would point at the hidden test).
+        hidden = {p.stem for p in (REPO_ROOT / "solutions" / lab / "hidden").glob("test_*.py")}
+        assert entries[name]["caught_by"] and all(
+            any(f"def {t}(" in (REPO_ROOT / "solutions" / lab / "hidden" / f"{h}.py").read_text()
+                for h in hidden) for t in entries[name]["caught_by"]), (
+            f"{lab}/{name} fails no public test, yet names public tests in caught_by")
+        return
     found = diagnose(set(entries[name]["failing"]), entries)
     assert found is not None, (
         f"{lab}/{name}: its failures match no mistake clearly — another mutant's signature is "
