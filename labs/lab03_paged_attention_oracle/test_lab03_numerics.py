@@ -86,8 +86,13 @@ def test_lowp_accumulates_in_fp32_on_long_contexts(impl):
     want_out, want_lse = paged_decode_ref(*args)
     out, lse = impl.paged_decode_lowp(*args, dtype="float16")
     rel = rel_error_per_row(out, want_out)
-    assert rel.max() < 1e-3, (f"{_report(rel, kv.context_lens)}: the error grows with context length "
-                              f"— are l and acc kept in fp32?")
+    # NOTE: an fp16 accumulator drifts by about 1 %; an error far beyond that is not precision
+    # but a wrong recurrence (the rescale when the running max grows), so the hint says which.
+    cause = ("the error grows with context length — are l and acc kept in fp32?"
+             if rel.max() < 0.05 else
+             "far more than fp16 accumulation could drift (~1 %): when the running max grows, are "
+             "l and acc rescaled by exp(m_old - m_new) before the new block is added?")
+    assert rel.max() < 1e-3, f"{_report(rel, kv.context_lens)}: {cause}"
     err = np.abs(lse - want_lse).max()
     assert err < 1e-5, f"lse off by {err:.3g} over 16k tokens: accumulate the denominator in fp32"
 
