@@ -78,3 +78,32 @@ def test_a_given_lab_file_holding_a_todo_is_found(tmp_path):
     (tmp_path / "labs" / "lab04_decode_kernels" / "_plan.py").write_text(ast.unparse(func))
     found = overlaps(tmp_path)
     assert any(todo.endswith(":_split_kv_launch") and r > 0.95 for r, _, todo in found), found
+
+
+@pytest.mark.parametrize("source", [
+    "from reference.oracle import attention_ref\n",
+    "from reference.oracle import attention_ref as ref\n",
+    "from reference import oracle\nout = oracle.attention_ref(q, k, v)\n",
+    "import reference.oracle\nout = reference.oracle.attention_ref(q, k, v)\n",
+])
+def test_a_starter_using_the_overlapping_helper_is_noted(source):
+    """``pagedlab grade`` notes (for the instructor) a starter that imports or calls the shipped
+    helper its TODO overlaps, in every import form; the note names the helper and the TODO."""
+    from reference.grader.answers import helper_uses
+
+    notes = helper_uses("lab03_paged_attention_oracle", source)
+    assert len(notes) == 1 and "reference.oracle.attention_ref" in notes[0], notes
+    assert "dense_attention" in notes[0]
+
+
+def test_untouched_starters_and_unrelated_imports_are_not_noted():
+    """No note for the starters as shipped, for another helper of the same module, or for a lab
+    whose given worked example is meant to be used (Lab 4's launchers)."""
+    from reference.grader.answers import helper_uses
+
+    for lab in lab_names():
+        assert helper_uses(lab, (LABS_DIR / lab / "starter.py").read_text()) == [], lab
+    assert helper_uses("lab03_paged_attention_oracle",
+                       "from reference.oracle import paged_decode_ref\n") == []
+    assert helper_uses("lab04_decode_kernels",
+                       "from labs.lab04_decode_kernels._launch import launch_naive\n") == []

@@ -121,3 +121,54 @@ def overlaps(release: Path, min_tokens: int = 25) -> list[tuple[float, str, str]
                     if ratio >= THRESHOLD:
                         found.append((round(ratio, 2), name, todo))
     return sorted(found, reverse=True)
+
+
+def _overlap_names() -> dict[str, dict[str, str]]:
+    """lab -> {module.name of a shipped helper in ``reference/`` -> the TODO it overlaps}."""
+    out: dict[str, dict[str, str]] = {}
+    for (shipped, todo), _ in KNOWN_OVERLAPS.items():
+        path, qual = shipped.split("::")
+        if not path.startswith("reference/"):
+            continue  # a lab's own given file (its worked example) is meant to be used
+        module = path[:-3].replace("/", ".")
+        lab, func = todo.split(":")
+        out.setdefault(lab, {})[f"{module}.{qual.split('.')[0]}"] = func.split(".")[0]
+    return out
+
+
+def helper_uses(lab: str, source: str) -> list[str]:
+    """Notes for each shipped helper that overlaps one of ``lab``'s TODOs and that ``source``
+    (the student's ``starter.py``) imports or names — the grade stands, the instructor is told.
+
+    Args:
+        lab: the lab folder name.
+        source: the student's module source.
+
+    Returns:
+        One note per helper used (empty when none, or when the source does not parse).
+    """
+    wanted = _overlap_names().get(lab, {})
+    if not wanted:
+        return []
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+            # ``from reference import oracle`` then ``oracle.attention_ref``: the module itself
+            names.update(f"{node.module}.{a.name}.*" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(f"{a.name}.*" for a in node.names)
+        elif isinstance(node, ast.Attribute):
+            names.add(f"attr:{node.attr}")
+    notes = []
+    for helper, todo in sorted(wanted.items()):
+        module, name = helper.rsplit(".", 1)
+        if helper in names or (f"{module}.*" in names and f"attr:{name}" in names):
+            notes.append(f"{lab}: starter.py uses {helper}, which the handout asks you not to "
+                         f"use (it overlaps your {todo}): the score stands; this note goes to "
+                         f"your instructor")
+    return notes

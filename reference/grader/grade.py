@@ -32,7 +32,7 @@ from reference.grader.gradebook import format_table, gradescope_results, markdow
 from reference.grader.hidden import hidden_summary
 from reference.loader import LabImplError, impl_name
 from reference.grader.manifest import MANIFEST_NAME, Tamper, digest, load_manifest, verify_manifest
-from reference.paths import REPO_ROOT, SOLUTIONS_DIR, lab_names, resolve_labs
+from reference.paths import LABS_DIR, REPO_ROOT, SOLUTIONS_DIR, lab_names, resolve_labs
 from reference.grader.progress import Progress
 from reference.grader.results import TestResult, points_float, total_points
 from reference.grader.runner import DEFAULT_TEST_TIMEOUT_S, GradingRunError, run_lab_tests
@@ -176,6 +176,18 @@ def _emulator_missing() -> bool:
     return shutil.which(CXX) is None
 
 
+def _helper_uses(labs: list[str]) -> list[str]:
+    """Notes for starters that import a shipped helper overlapping one of their TODOs."""
+    from reference.grader.answers import helper_uses
+
+    notes = []
+    for lab in labs:
+        path = LABS_DIR / lab / "starter.py"
+        if path.is_file():
+            notes += helper_uses(lab, path.read_text(errors="replace"))
+    return notes
+
+
 def _describe(impl: str) -> str:
     """Returns the header line naming the implementation graded, e.g. for the grade table."""
     where = ("your code: labs/*/starter.py and .cu files" if impl == "starter"
@@ -225,6 +237,8 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         _write_outputs(args, [], f"LAB_IMPL={impl}", notes, labs, error=error,
                        expected=manifest and manifest.get("tests"))
         return EXIT_CANNOT_GRADE
+    if impl == "starter":
+        notes += _helper_uses(labs)
     print(f"pagedlab grade: grading {_describe(impl)} ...", flush=True)
     test_timeout_s = args.timeout or None
     announce = _emulate_kernel_labs_without_gpu(labs)
