@@ -61,6 +61,10 @@ DECODE_WORKLOADS = (
                    8, 64, 8, 4096),
     DecodeWorkload("D4", "128 seqs, lengths uniform in [1, 8192], GQA 32q/8kv: ragged",
                    128, 32, 8, (1, 8192), seed=4),
+    DecodeWorkload("D5", "256 seqs x 1024, GQA 32q/8kv: a large batch of short contexts",
+                   256, 32, 8, 1024),
+    DecodeWorkload("D6", "1 seq x 131,072, GQA 32q/8kv: one very long context (split-K only)",
+                   1, 32, 8, 131072),
 )
 
 #: The context-length sweep behind the bandwidth-vs-context plot: 16 sequences, GQA 32q/8kv.

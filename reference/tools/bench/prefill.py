@@ -2,7 +2,8 @@
 FlashInfer's paged prefill, all measured in one run on one GPU.
 
 Workloads (``prefill_workloads.toml``): fp16, head 128, block 16, 32 query / 8 KV heads, causal —
-P1 4 x 1024 prompts, P2 8 x 512 new tokens over 1536 of history, P3 1 x 8192.
+P1 4 x 1024 prompts, P2 8 x 512 new tokens over 1536 of history, P3 1 x 8192, P4 16 x 256 new
+over 3840 of history, P5 2 x 4096 MHA (32 heads), P6 32 x 128 short prompts.
 
 FLOPs count only what causal attention must do: 4 * num_q_heads * head_size per visible
 (query, key) pair (2 for Q K^T, 2 for P V), so a kernel that computes the masked half gets no
@@ -38,6 +39,12 @@ def load_workloads(path: Path = WORKLOADS) -> tuple[dict, list[dict]]:
     """Returns (common settings, workloads) from the TOML file."""
     data = load_toml(path.read_text())
     return data["common"], data["workload"]
+
+
+def settings_of(common: dict, wl: dict) -> dict:
+    """A workload's settings: the common ones, with the keys the workload sets itself (P5's
+    head counts) overridden."""
+    return {**common, **{k: wl[k] for k in common if k in wl}}
 
 
 def visible_pairs(query_len: int, history_len: int, causal: bool = True) -> int:
@@ -188,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{gemm:.0f} TFLOP/s; FlashInfer: {fi.__version__ if fi else fi_reason}")
     rows = []
     for wl in workloads:
-        batch = build_inputs(common, wl)
-        pairs = wl["num_seqs"] * visible_pairs(wl["query_len"], wl["history_len"], common["causal"])
-        flops = 4 * common["num_q_heads"] * common["head_size"] * pairs
+        cfg = settings_of(common, wl)
+        batch = build_inputs(cfg, wl)
+        pairs = wl["num_seqs"] * visible_pairs(wl["query_len"], wl["history_len"], cfg["causal"])
+        flops = 4 * cfg["num_q_heads"] * cfg["head_size"] * pairs
         found: dict[str, dict] = {}
 
         def record(name, fn, note="", reference_out=None, costs=False):
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = packed(record("torch SDPA", sdpa, how))
         if fi is not None:
             try:
-                fn, backend = flashinfer_fn(fi, batch, common, wl)
+                fn, backend = flashinfer_fn(fi, batch, cfg, wl)
                 record("FlashInfer", fn, f"paged, backend {backend}", ref, costs=True)
             except Exception as exc:  # noqa: BLE001 — report, keep measuring the rest
                 print(f"  FlashInfer failed: {type(exc).__name__}: {exc}")
@@ -234,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                         num_warps, rows_per_warp = (int(x) for x in variant.split("x"))
                         tiling = {"tc_tiling": impl.TcTiling(num_warps, rows_per_warp)}
                     plan = impl.plan_for_kernel(kernel, batch["cu_seqlens_q"], batch["context_lens"],
-                                                num_q_heads=common["num_q_heads"],
-                                                num_kv_heads=common["num_kv_heads"], **tiling)
+                                                num_q_heads=cfg["num_q_heads"],
+                                                num_kv_heads=cfg["num_kv_heads"], **tiling)
                     fn = getattr(impl, f"paged_prefill_{kernel}")
                     name = kernel if variant is None else f"{kernel} ({variant})"
                     record(name, lambda fn=fn, plan=plan, kw=tiling: fn(**batch, plan=plan, **kw),

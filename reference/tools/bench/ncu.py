@@ -1,0 +1,169 @@
+"""``pagedlab bench ncu``: Nsight Compute on one launch of a kernel stage, the metrics that matter.
+
+For each stage it runs Nsight Compute (``ncu``, on ``PATH``) on this same module in *target*
+mode, which builds one benchmark workload on the GPU and calls the stage twice; ncu skips the
+first (compiling, warm-up) launch of the stage's kernel and measures the second. The metrics,
+read as the handouts' "Measure it yourself" sections explain:
+
+* ``time`` — the kernel's duration under the profiler (µs; the clocks are left alone:
+  ``--clock-control none``, as the benchmarks run);
+* ``dram %`` — DRAM throughput, % of the peak: the decode kernels' roofline (they read every
+  cached byte once);
+* ``occupancy %`` — achieved occupancy, warps resident per SM as % of the maximum;
+* ``tensor %`` — the tensor pipe's active cycles, % of peak: the prefill kernels' roofline;
+* ``smem conflicts`` — shared-memory bank conflicts of loads + stores (``ldmatrix`` and stores
+  of an unswizzled tile show up here);
+* ``regs`` / ``smem KiB`` — registers per thread and dynamic shared memory per CTA, the usual
+  limits of occupancy.
+
+Usage: ``pagedlab bench ncu [--stages v4 v6 tc tiled]``; results go to ``ncu.json`` with the
+device and date. Needs a GPU whose driver lets ncu read counters (see the handout's note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from reference.tools.bench._common import DEFAULT_OUT, format_table, machine_info
+
+#: stage -> (lab, workload, regex of the kernel ncu measures)
+STAGES = {
+    "v4": ("decode", "D1", "paged_decode_v4"),
+    "v6": ("decode", "D1", "paged_decode_v6"),
+    "tiled": ("prefill", "P1", "prefill_tiled_"),
+    "tc": ("prefill", "P1", "prefill_tc_"),
+}
+
+#: column -> Nsight Compute metric
+METRICS = {
+    "time_us": "gpu__time_duration.sum",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "smem_ld_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "smem_st_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "regs": "launch__registers_per_thread",
+    "smem_bytes": "launch__shared_mem_per_block_dynamic",
+}
+
+
+def target(stage: str) -> None:
+    """Target mode: builds the stage's workload and calls it twice (ncu measures the second)."""
+    import torch
+
+    from reference.loader import load_impl
+
+    lab, workload, _ = STAGES[stage]
+    if lab == "decode":
+        from reference.tools.bench.decode import build_batch
+        from reference.tools.bench.decode_workloads import DECODE_WORKLOADS
+
+        w = next(w for w in DECODE_WORKLOADS if w.name == workload)
+        b = build_batch(w)
+        impl = load_impl("lab04_decode_kernels")
+        fn = getattr(impl, f"paged_attention_{stage}")
+        args = (b["query"], b["key_cache"], b["value_cache"], b["block_tables"],
+                b["context_lens"], b["scale"])
+        kwargs = {"max_context_len": int(b["lens"].max())}
+    else:
+        from reference.tools.bench.prefill import build_inputs, load_workloads, settings_of
+
+        common, workloads = load_workloads()
+        wl = next(w for w in workloads if w["name"] == workload)
+        b = build_inputs(settings_of(common, wl), wl)
+        impl = load_impl("lab05_prefill_kernels")
+        fn = getattr(impl, f"paged_prefill_{stage}")
+        args = ()
+        kwargs = b
+    for _ in range(2):
+        fn(*args, **kwargs)
+    torch.cuda.synchronize()
+
+
+def profile(stage: str, ncu: str) -> dict:
+    """Runs ncu on the stage's target; returns {column: value} (None where a metric is n/a)."""
+    _, workload, kernel = STAGES[stage]
+    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
+           "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
+           ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
+           "--target", stage]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    values: dict[str, float | None] = dict.fromkeys(METRICS)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('"')]
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        for col, metric in METRICS.items():
+            if row.get("Metric Name") == metric:
+                values[col] = _number(row.get("Metric Value", ""), row.get("Metric Unit", ""))
+    if all(v is None for v in values.values()):
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise RuntimeError(f"ncu measured nothing for {stage} (exit {done.returncode}):\n{tail}")
+    return {"stage": stage, "workload": workload, "kernel": kernel, **values}
+
+
+def _number(text: str, unit: str) -> float | None:
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    # ncu prints durations in ns by default (older versions spell the unit out)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+             "s": 1e6, "second": 1e6}
+    return value * scale[unit] if unit in scale else value
+
+
+def find_ncu() -> str | None:
+    """``ncu`` on PATH, else the newest under the CUDA toolkit or /opt/nvidia (None: absent)."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    candidates = [Path(home) / "bin" / "ncu",
+                  *sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"), reverse=True)]
+    return next((str(p) for p in candidates if p.is_file()), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedlab bench ncu", description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for ncu.json")
+    parser.add_argument("--target", choices=list(STAGES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.target:
+        target(args.target)
+        return 0
+    ncu = find_ncu()
+    if ncu is None:
+        print("pagedlab bench ncu needs Nsight Compute's ncu on PATH (CUDA toolkit)")
+        return 2
+    rows = []
+    for stage in args.stages:
+        row = profile(stage, ncu)
+        conflicts = [row[k] for k in ("smem_ld_conflicts", "smem_st_conflicts")]
+        row["smem_conflicts"] = None if None in conflicts else sum(conflicts)
+        row["smem_kib"] = None if row["smem_bytes"] is None else row["smem_bytes"] / 1024
+        rows.append(row)
+        print(f"  {stage}: {row}", flush=True)
+    cols = [("stage", "stage", ""), ("workload", "workload", ""), ("time_us", "time µs", ".1f"),
+            ("dram_pct", "dram %", ".1f"), ("occupancy_pct", "occupancy %", ".1f"),
+            ("tensor_pct", "tensor %", ".1f"), ("smem_conflicts", "smem conflicts", ".0f"),
+            ("regs", "regs", ".0f"), ("smem_kib", "smem KiB", ".1f")]
+    print(format_table(rows, cols))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ncu.json").write_text(json.dumps({"machine": machine_info(), "metrics": METRICS,
+                                              "rows": rows}, indent=1))
+    print(f"wrote {out / 'ncu.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
