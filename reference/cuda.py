@@ -328,12 +328,48 @@ def num_sms(device) -> int:
 
 
 def is_cupy(x) -> bool:
-    """True when ``x`` is a CuPy array (checked without importing CuPy)."""
-    return type(x).__module__.startswith("cupy")
+    """True when ``x`` is an array of the device's array library (checked without importing CuPy).
+
+    On a GPU that is a CuPy array. On the emulated device the CPU's array library, NumPy, stands
+    in for CuPy (CuPy mirrors NumPy's API), so a NumPy array counts too, but only there: off the
+    emulated device a NumPy array is host memory no kernel can read, and launchers refuse it.
+
+    Args:
+        x: anything.
+
+    Returns:
+        True for a CuPy array, or a NumPy array under emulation.
+    """
+    if type(x).__module__.startswith("cupy"):
+        return True
+    # NOTE: isinstance first: emulating() reads the environment, and this runs on every launch.
+    return isinstance(x, np.ndarray) and emulating()
+
+
+def to_host(x) -> np.ndarray:
+    """Returns a host NumPy array with the contents of a torch tensor, CuPy array or NumPy array.
+
+    Args:
+        x: the array (a NumPy array is returned as is, other array-likes through ``np.asarray``).
+
+    Returns:
+        A NumPy array (a copy for device memory).
+    """
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)
 
 
 def as_torch(x):
     """Returns ``x`` as a torch tensor sharing its memory (torch tensors pass through).
+
+    Args:
+        x: a torch tensor, or a CuPy array (a NumPy array under emulation: :func:`is_cupy`).
+
+    Returns:
+        A torch tensor on ``x``'s device, no copy (DLPack).
 
     Raises:
         TypeError: ``x`` is neither a torch tensor nor a CuPy array.
@@ -348,9 +384,20 @@ def as_torch(x):
 
 
 def like_input(out, template):
-    """Returns ``out`` (a torch tensor) as a CuPy array if ``template`` was one, else as is."""
-    if is_cupy(template):
-        import cupy
+    """Returns ``out`` as the caller's kind: the array library's array if ``template`` was one.
 
-        return cupy.from_dlpack(out)
-    return out
+    Args:
+        out: the result, a torch tensor.
+        template: what the caller passed (its query).
+
+    Returns:
+        ``out`` as a CuPy array sharing its memory if ``template`` is a CuPy array (a NumPy
+        array under emulation, where NumPy stands in for CuPy), else ``out`` itself.
+    """
+    if not is_cupy(template):
+        return out
+    if isinstance(template, np.ndarray):  # the emulated device's stand-in for CuPy
+        return np.from_dlpack(out)
+    import cupy
+
+    return cupy.from_dlpack(out)
