@@ -118,6 +118,10 @@ def _sm80_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
     return tuple(name for name, pattern in SM80_FEATURES if pattern.search(text))
 
 
+#: The compute capability the SM80_FEATURES need, as messages and skip reasons spell it.
+SM80_CAPABILITY_TEXT = "8.0"
+
+
 def device_capability() -> tuple[int, int]:
     """The current CUDA device's compute capability, e.g. ``(7, 5)`` for a T4."""
     import torch
@@ -135,11 +139,12 @@ def check_capability(cu_path: str | Path, name: str | None = None,
         capability: the device's (default: :func:`device_capability`).
 
     Raises:
-        UnsupportedConfigError: the file uses mma.sync m16n8k16, ldmatrix or cp.async and the
-            device's compute capability is below 8.0; names the stage, what it needs and the
-            ways to run it.
+        ComputeCapabilityError: (an UnsupportedConfigError) the file uses mma.sync m16n8k16,
+            ldmatrix or cp.async and the device's compute capability is below 8.0; names the
+            stage, what it needs and the ways to run it. A test that meets it on such a GPU
+            skips with that reason (``reference/capability_skip.py``).
     """
-    from reference.errors import UnsupportedConfigError
+    from reference.errors import ComputeCapabilityError
 
     features = sm80_features(cu_path)
     if not features:
@@ -148,11 +153,12 @@ def check_capability(cu_path: str | Path, name: str | None = None,
     if (major, minor) >= (8, 0):
         return
     stage = f"kernel {name} ({Path(cu_path).name})" if name else Path(cu_path).name
-    raise UnsupportedConfigError(
+    raise ComputeCapabilityError(
         f"{stage} needs compute capability 8.0 (sm_80) or newer: it uses {', '.join(features)}; "
         f"this GPU is {major}.{minor} (sm_{major}{minor}; a Colab or Kaggle T4 is 7.5). Run this "
         "stage on an sm_80+ GPU (A100, L4, H100, ...), or on the CPU with PAGEDLAB_DEVICE=emulate; "
-        "the CUDA-core stages run on this GPU.")
+        "the CUDA-core stages run on this GPU.", required=SM80_CAPABILITY_TEXT,
+        capability=f"{major}.{minor}")
 
 
 def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: str = "nvrtc",
