@@ -496,7 +496,9 @@ def dtype_name(x) -> str:
 
 def _is_array(x) -> bool:
     # NOTE: checked by duck type, so CuPy (and torch) need not be imported to refuse a list.
-    return hasattr(x, "data_ptr") or type(x).__module__.startswith("cupy")
+    # Under emulation a NumPy array stands in for a CuPy array (reference.cuda.is_cupy).
+    return (hasattr(x, "data_ptr") or type(x).__module__.startswith("cupy")
+            or (isinstance(x, np.ndarray) and _emulating()))
 
 
 def check_array(name: str, x, ndim: int, dtypes: tuple[str, ...]) -> None:
@@ -531,6 +533,8 @@ def check_array(name: str, x, ndim: int, dtypes: tuple[str, ...]) -> None:
 def _device(x) -> tuple[str, int | None]:
     if hasattr(x, "device") and hasattr(x, "data_ptr"):  # torch
         return x.device.type, x.device.index
+    if isinstance(x, np.ndarray):  # the emulated device's stand-in for a CuPy array
+        return "cpu", None
     return "cuda", int(x.device.id)  # CuPy arrays always live on a GPU
 
 

@@ -118,6 +118,10 @@ def _sm80_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
     return tuple(name for name, pattern in SM80_FEATURES if pattern.search(text))
 
 
+#: The compute capability the SM80_FEATURES need, as messages and skip reasons spell it.
+SM80_CAPABILITY_TEXT = "8.0"
+
+
 def device_capability() -> tuple[int, int]:
     """The current CUDA device's compute capability, e.g. ``(7, 5)`` for a T4."""
     import torch
@@ -135,11 +139,12 @@ def check_capability(cu_path: str | Path, name: str | None = None,
         capability: the device's (default: :func:`device_capability`).
 
     Raises:
-        UnsupportedConfigError: the file uses mma.sync m16n8k16, ldmatrix or cp.async and the
-            device's compute capability is below 8.0; names the stage, what it needs and the
-            ways to run it.
+        ComputeCapabilityError: (an UnsupportedConfigError) the file uses mma.sync m16n8k16,
+            ldmatrix or cp.async and the device's compute capability is below 8.0; names the
+            stage, what it needs and the ways to run it. A test that meets it on such a GPU
+            skips with that reason (``reference/capability_skip.py``).
     """
-    from reference.errors import UnsupportedConfigError
+    from reference.errors import ComputeCapabilityError
 
     features = sm80_features(cu_path)
     if not features:
@@ -148,11 +153,12 @@ def check_capability(cu_path: str | Path, name: str | None = None,
     if (major, minor) >= (8, 0):
         return
     stage = f"kernel {name} ({Path(cu_path).name})" if name else Path(cu_path).name
-    raise UnsupportedConfigError(
+    raise ComputeCapabilityError(
         f"{stage} needs compute capability 8.0 (sm_80) or newer: it uses {', '.join(features)}; "
         f"this GPU is {major}.{minor} (sm_{major}{minor}; a Colab or Kaggle T4 is 7.5). Run this "
         "stage on an sm_80+ GPU (A100, L4, H100, ...), or on the CPU with PAGEDLAB_DEVICE=emulate; "
-        "the CUDA-core stages run on this GPU.")
+        "the CUDA-core stages run on this GPU.", required=SM80_CAPABILITY_TEXT,
+        capability=f"{major}.{minor}")
 
 
 def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: str = "nvrtc",
@@ -328,12 +334,48 @@ def num_sms(device) -> int:
 
 
 def is_cupy(x) -> bool:
-    """True when ``x`` is a CuPy array (checked without importing CuPy)."""
-    return type(x).__module__.startswith("cupy")
+    """True when ``x`` is an array of the device's array library (checked without importing CuPy).
+
+    On a GPU that is a CuPy array. On the emulated device the CPU's array library, NumPy, stands
+    in for CuPy (CuPy mirrors NumPy's API), so a NumPy array counts too, but only there: off the
+    emulated device a NumPy array is host memory no kernel can read, and launchers refuse it.
+
+    Args:
+        x: anything.
+
+    Returns:
+        True for a CuPy array, or a NumPy array under emulation.
+    """
+    if type(x).__module__.startswith("cupy"):
+        return True
+    # NOTE: isinstance first: emulating() reads the environment, and this runs on every launch.
+    return isinstance(x, np.ndarray) and emulating()
+
+
+def to_host(x) -> np.ndarray:
+    """Returns a host NumPy array with the contents of a torch tensor, CuPy array or NumPy array.
+
+    Args:
+        x: the array (a NumPy array is returned as is, other array-likes through ``np.asarray``).
+
+    Returns:
+        A NumPy array (a copy for device memory).
+    """
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)
 
 
 def as_torch(x):
     """Returns ``x`` as a torch tensor sharing its memory (torch tensors pass through).
+
+    Args:
+        x: a torch tensor, or a CuPy array (a NumPy array under emulation: :func:`is_cupy`).
+
+    Returns:
+        A torch tensor on ``x``'s device, no copy (DLPack).
 
     Raises:
         TypeError: ``x`` is neither a torch tensor nor a CuPy array.
@@ -348,9 +390,20 @@ def as_torch(x):
 
 
 def like_input(out, template):
-    """Returns ``out`` (a torch tensor) as a CuPy array if ``template`` was one, else as is."""
-    if is_cupy(template):
-        import cupy
+    """Returns ``out`` as the caller's kind: the array library's array if ``template`` was one.
 
-        return cupy.from_dlpack(out)
-    return out
+    Args:
+        out: the result, a torch tensor.
+        template: what the caller passed (its query).
+
+    Returns:
+        ``out`` as a CuPy array sharing its memory if ``template`` is a CuPy array (a NumPy
+        array under emulation, where NumPy stands in for CuPy), else ``out`` itself.
+    """
+    if not is_cupy(template):
+        return out
+    if isinstance(template, np.ndarray):  # the emulated device's stand-in for CuPy
+        return np.from_dlpack(out)
+    import cupy
+
+    return cupy.from_dlpack(out)

@@ -50,6 +50,22 @@ class UnsupportedConfigError(ValueError):
     the kernel, not a malformed input."""
 
 
+class ComputeCapabilityError(UnsupportedConfigError):
+    """The GPU is too old for this stage: its kernel file uses an instruction that needs a
+    newer compute capability (``mma.sync`` m16n8k16, ``ldmatrix``, ``cp.async`` need 8.0; a
+    Colab or Kaggle T4 is 7.5). Raised by ``reference.cuda.check_capability`` before compiling.
+
+    Attributes:
+        required: the compute capability the stage needs, e.g. ``"8.0"``.
+        capability: the device's, e.g. ``"7.5"``.
+    """
+
+    def __init__(self, message: str, required: str = "8.0", capability: str = ""):
+        super().__init__(message)
+        self.required = required
+        self.capability = capability
+
+
 class PlanCaptureError(RuntimeError):
     """A plan (``plan_decode`` / ``plan_prefill``) could not learn a launcher's launches: it
     launched nothing through ``reference.cuda.launch``, or gave its kernels a copy of an input

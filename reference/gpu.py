@@ -72,6 +72,32 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def array_module():
+    """The device's array library, for tests that pass arrays other than torch tensors.
+
+    Launchers accept the array library's arrays and return the caller's kind. On a GPU that
+    library is CuPy; on the emulated device it is the CPU's, NumPy (CuPy mirrors NumPy's API,
+    and ``reference.cuda.is_cupy`` counts a NumPy array as one only under emulation), so the
+    same test proves the same contract on either device. Convert a torch tensor (zero-copy)
+    with ``array_module().from_dlpack(tensor)``.
+
+    Returns:
+        The ``cupy`` module on a GPU, the ``numpy`` module under emulation.
+
+    Raises:
+        ImportError: on a GPU without CuPy installed.
+    """
+    from reference.emulate import emulating
+
+    if emulating():
+        import numpy
+
+        return numpy
+    import cupy
+
+    return cupy
+
+
 def gpu_only(why: str):
     """A skip mark for a kernel test that proves something only a GPU has (streams, CuPy,
     racecheck, device memory): it skips under emulation, with ``why`` in the reason."""

@@ -1,6 +1,7 @@
 """Stages that need sm_80 refuse on an older GPU (a Colab or Kaggle T4 is sm_75) before CuPy
 compiles them, with an UnsupportedConfigError that names the stage, what it needs and where to
-run it. No GPU needed: the device's compute capability is mocked. No points: infrastructure."""
+run it; their tests skip there with that reason (reference/capability_skip.py), and fail on
+sm_80+. No GPU needed: the device's compute capability is mocked. No points: infrastructure."""
 
 from __future__ import annotations
 
@@ -70,3 +71,137 @@ def test_comments_do_not_count(tmp_path):
                   "void k() {}\n")
     assert rcuda.sm80_features(cu) == []
     rcuda.check_capability(cu, "k", capability=(7, 5))
+
+
+# --- On a GPU below 8.0 the tests of sm_80 stages skip (reference/capability_skip.py) ---------
+
+from reference.capability_skip import capability_skip_reason  # noqa: E402
+from reference.emulate import emulation  # noqa: E402
+from reference.errors import ComputeCapabilityError  # noqa: E402
+
+V6 = SOLUTIONS_DIR / LAB4 / "decode_v6.cu"
+
+
+def _refusal(monkeypatch, capability) -> ComputeCapabilityError:
+    monkeypatch.setattr(rcuda, "device_capability", lambda: capability)
+    with pytest.raises(ComputeCapabilityError) as info:
+        rcuda.check_capability(V6, "paged_decode_v6")
+    return info.value
+
+
+def test_refusal_on_sm75_becomes_a_skip_reason(monkeypatch):
+    """On a 7.5 GPU the refusal of an sm_80 stage is a skip reason that says what the stage
+    needs and what this GPU is, followed by the refusal itself."""
+    exc = _refusal(monkeypatch, (7, 5))
+    assert (exc.required, exc.capability) == ("8.0", "7.5")
+    with emulation(False):
+        reason = capability_skip_reason(exc)
+    assert reason is not None and reason.startswith(
+        "needs compute capability 8.0 (this GPU is 7.5): "), reason
+    assert "decode_v6.cu" in reason and "mma.sync m16n8k16" in reason
+
+
+def test_the_same_error_fails_on_sm80_and_newer_and_emulated(monkeypatch):
+    """The skip rests on the live device: on 8.0 and newer (and on the emulated device, which
+    runs every stage) a ComputeCapabilityError is a bug — e.g. a student's kernel raising it
+    itself — and fails; so does any other UnsupportedConfigError on a 7.5 GPU."""
+    exc = _refusal(monkeypatch, (7, 5))
+    with emulation(False):
+        for cap in ((8, 0), (8, 9), (9, 0)):
+            monkeypatch.setattr(rcuda, "device_capability", lambda cap=cap: cap)
+            assert capability_skip_reason(exc) is None, cap
+        monkeypatch.setattr(rcuda, "device_capability", lambda: (7, 5))
+        assert capability_skip_reason(UnsupportedConfigError("head_size 96")) is None
+    with emulation(True):
+        assert capability_skip_reason(exc) is None
+
+
+_SESSION = '''
+import pytest
+from reference import cuda as rcuda
+from reference.errors import ComputeCapabilityError, UnsupportedConfigError
+from reference.paths import SOLUTIONS_DIR
+
+LAB4, LAB5 = SOLUTIONS_DIR / "lab04_decode_kernels", SOLUTIONS_DIR / "lab05_prefill_kernels"
+
+
+@pytest.fixture(autouse=True)
+def device(monkeypatch):
+    cap = tuple(int(p) for p in "{cap}".split("."))
+    monkeypatch.setattr(rcuda, "device_capability", lambda: cap)
+    monkeypatch.setattr(rcuda, "_compile", lambda *a, **k: "compiled")  # stands in for CuPy
+
+
+@pytest.mark.parametrize("path, name", [(LAB4 / "decode_v5.cu", "paged_decode_v5"),
+                                        (LAB4 / "decode_v6.cu", "paged_decode_v6"),
+                                        (LAB5 / "prefill_tc.cu", "prefill_tc")])
+def test_sm80_stage(path, name):
+    assert rcuda.load_module(path, kernel_name=name) == "compiled"
+
+
+@pytest.mark.parametrize("path", [LAB4 / "decode_v4.cu", LAB5 / "prefill_tiled.cu"])
+def test_cuda_core_stage(path):
+    assert rcuda.load_module(path, kernel_name="k") == "compiled"
+
+
+def test_student_raises_capability_error():
+    raise ComputeCapabilityError("my kernel needs 8.0", required="8.0", capability="?")
+
+
+def test_student_raises_other_config_error():
+    raise UnsupportedConfigError("head_size 96 is not supported")
+'''
+
+
+def _run_session(tmp_path, cap: str) -> dict[str, tuple[str, str]]:
+    """Runs _SESSION with the plugin on a GPU reporting ``cap``; returns name -> (outcome, text)."""
+    import os
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    folder = tmp_path / cap
+    folder.mkdir()
+    (folder / "test_session.py").write_text(_SESSION.replace("{cap}", cap))
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGEDLAB_DEVICE", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "reference.capability_skip", "-p",
+         "no:cacheprovider", "-q", f"--junit-xml={folder / 'report.xml'}", "--rootdir",
+         str(folder), "test_session.py"], cwd=folder, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert (folder / "report.xml").exists(), proc.stdout + proc.stderr
+    results = {}
+    for case in ET.parse(folder / "report.xml").getroot().iter("testcase"):
+        outcome, text = "passed", ""
+        for child in case:
+            if child.tag in ("skipped", "failure", "error"):
+                outcome, text = child.tag, child.get("message", "")
+        results[case.get("name")] = (outcome, text)
+    return results
+
+
+@pytest.mark.slow  # two pytest sessions in subprocesses: ~20 s on 2 cores
+def test_sm80_stage_tests_skip_on_sm75_and_run_on_sm90(tmp_path):
+    """A pytest session with the plugin, on a GPU that reports 7.5 (mocked): the tests that load
+    v5, v6 and the tensor-core prefill skip with "needs compute capability 8.0 (this GPU is
+    7.5)"; the CUDA-core stages run; a ComputeCapabilityError raised on a 9.0 GPU fails (a
+    student's kernel that wrongly refuses), and so does another UnsupportedConfigError on
+    either. On 9.0 nothing is skipped."""
+    sm75 = _run_session(tmp_path, "7.5")
+    sm80 = ("test_sm80_stage[path0-paged_decode_v5]", "test_sm80_stage[path1-paged_decode_v6]",
+            "test_sm80_stage[path2-prefill_tc]")
+    for name in sm80:
+        outcome, text = sm75[name]
+        assert outcome == "skipped", (name, sm75[name])
+        assert "needs compute capability 8.0 (this GPU is 7.5)" in text, text
+    for name in ("test_cuda_core_stage[path0]", "test_cuda_core_stage[path1]"):
+        assert sm75[name][0] == "passed", (name, sm75[name])
+    assert sm75["test_student_raises_other_config_error"][0] == "failure"
+
+    sm90 = _run_session(tmp_path, "9.0")
+    assert not [n for n, (outcome, _) in sm90.items() if outcome == "skipped"], sm90
+    for name in sm80 + ("test_cuda_core_stage[path0]", "test_cuda_core_stage[path1]"):
+        assert sm90[name][0] == "passed", (name, sm90[name])
+    assert sm90["test_student_raises_capability_error"][0] == "failure"
+    assert sm90["test_student_raises_other_config_error"][0] == "failure"

@@ -140,13 +140,13 @@ def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = ""
     """Asserts the kernel output matches the oracle; the message names the first bad spot.
 
     Args:
-        out: the kernel's output (torch or CuPy), [num_tokens, num_q_heads, head_size].
+        out: the kernel's output (torch, CuPy or NumPy), [num_tokens, num_q_heads, head_size].
         ref: the oracle's, float64.
         batch: the batch (for sequence boundaries and history lengths).
         dtype: element type name, for the tolerance.
         what: a short description of the case for the message.
     """
-    if not hasattr(out, "detach"):  # CuPy
+    if type(out).__module__.startswith("cupy"):
         out = out.get()
     got = _f64(out) if hasattr(out, "detach") else np.asarray(out, dtype=np.float64)
     assert got.shape == ref.shape, f"{what}: output shape {got.shape}, expected {ref.shape}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reference.checks import check_int, check_on_cuda, debug_enabled
-from reference.cuda import as_torch, emulating, is_cupy, ptr
+from reference.cuda import as_torch, emulating, ptr, to_host
 from reference.layout import num_blocks_for
 
 SUPPORTED_HEAD_SIZES = (64, 128)
@@ -169,17 +169,16 @@ class TilePlan:
 
 
 def data_ptr(x) -> int:
-    """The device (or host) address of a torch tensor or CuPy array."""
-    return int(x.data_ptr()) if hasattr(x, "data_ptr") else int(x.data.ptr)
+    """The device (or host) address of a torch tensor or CuPy array (or the NumPy array that
+    stands in for one under emulation)."""
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    return int(x.ctypes.data) if isinstance(x, np.ndarray) else int(x.data.ptr)
 
 
 def host_ints(name: str, x) -> np.ndarray:
     """A host int64 copy of a small 1-D integer array (torch, CuPy, NumPy or a list)."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    elif is_cupy(x):
-        x = x.get()
-    arr = np.asarray(x)
+    arr = to_host(x)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
     return arr.astype(np.int64)
@@ -276,9 +275,7 @@ def check_block_ids(block_tables, plan: TilePlan, num_blocks: int, block_size: i
 
 def host_table(x) -> np.ndarray:
     """A host NumPy copy of a torch tensor, CuPy array or NumPy array."""
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return x.get() if is_cupy(x) else np.asarray(x)
+    return to_host(x)
 
 
 def check_launch(kernel: str, shapes: PrefillShapes, plan: TilePlan, *, query, key_cache,

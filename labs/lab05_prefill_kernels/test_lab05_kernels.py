@@ -22,7 +22,7 @@ import pytest
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
                                                oracle, poison_allocator)
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
-from reference.gpu import gpu_only, kernel_skip_reason, synchronize
+from reference.gpu import array_module, kernel_skip_reason, synchronize
 from reference.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.emulated,
@@ -159,18 +159,21 @@ def test_output_is_deterministic_across_runs(impl, kernel):
                            f"(likely a missing __syncthreads() around a shared-memory tile)")
 
 
-@gpu_only("CuPy arrays live on a GPU")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_cupy_inputs_give_cupy_output(impl, kernel):
-    """CuPy arrays work as well as torch tensors, and the output comes back as a CuPy array."""
-    import cupy
-
+    """CuPy arrays work as well as torch tensors, and the output comes back as a CuPy array.
+    Emulated, NumPy arrays stand in for CuPy arrays (``reference.gpu.array_module``): the same
+    contract, met through the given ``as_torch`` and ``like_input``."""
+    xp = array_module()
     batch = make_batch(59, [20, 70], [5, 0], 8, 2, 64, 16)
-    as_cupy = {k: (cupy.from_dlpack(v) if hasattr(v, "data_ptr") else v) for k, v in batch.items()}
-    out = launcher(impl, kernel)(**as_cupy)
-    assert isinstance(out, cupy.ndarray), f"CuPy inputs gave a {type(out).__name__}"
-    check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, CuPy")
+    as_xp = {k: (xp.from_dlpack(v) if hasattr(v, "data_ptr") else v) for k, v in batch.items()}
+    out = launcher(impl, kernel)(**as_xp)
+    synchronize()
+    assert isinstance(out, xp.ndarray), (
+        f"{xp.__name__} inputs gave a {type(out).__name__}: return like_input(out_t, query), "
+        "which gives the result back as the caller's kind")
+    check_close(out, oracle(batch), batch, dtype="float16", what=f"{kernel} kernel, {xp.__name__}")
 
 
 @pytest.mark.points(2)

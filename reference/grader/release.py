@@ -34,6 +34,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from reference import colab
 from reference.grader.answers import KNOWN_OVERLAPS, overlaps
 from reference.grader.classroom import render_workflow
 from reference.grader.diagnosis import DIAGNOSIS, student_diagnosis
@@ -342,6 +343,12 @@ def main(args: argparse.Namespace) -> int:
     labs = resolve_labs(args.labs) if args.labs else lab_names()
     print(f"pagedlab release: writing {', '.join(labs)} to {out}")
     manifest, problems = build_release(out, labs)
+    # The notebooks' setup cells and the badges carry the repository URL: they must agree with
+    # pyproject.toml's [tool.pagedlab], where an instructor changes it.
+    problems += colab.check()
+    if colab.is_placeholder():
+        print("  note: [tool.pagedlab] repository in pyproject.toml is still the placeholder: the "
+              "Colab badges and the notebooks' clone work once it names the hosted repository")
     print(f"  manifest {MANIFEST_NAME}: {len(manifest['files'])} protected files, "
           f"digest {digest(manifest)}")
     if not args.no_verify:

@@ -47,7 +47,13 @@ def render_student_readme(labs: list[str], lab_max: dict[str, float], torch_pin:
         labs: the released lab folder names.
         lab_max: lab -> maximum points (from the collected tests).
         torch_pin: the torch requirement the quickstart installs (``torch==2.x.y``).
+
+    Returns:
+        The README's text, its Colab badge line built from ``[tool.pagedlab] repository``
+        (:mod:`reference.colab`), like the handouts' and the notebooks' setup cells.
     """
+    from reference.colab import readme_badge
+
     return string.Template(TEMPLATE.read_text()).substitute(
-        python_range=python_range(),
+        python_range=python_range(), colab_badge=readme_badge(labs),
         torch_pin=torch_pin, lab_table=lab_table(labs, lab_max))
