@@ -90,7 +90,7 @@ def test_decode_run_refuses_what_was_not_planned(cpu_decode, bad):
     x = args[name]
     args[name] = {"shape": lambda: x[:2], "dtype": lambda: x.to(torch.int64),
                   "noncontiguous": lambda: x.t().contiguous().t(),
-                  "not_a_tensor": lambda: x.numpy(),
+                  "not_a_tensor": lambda: x.tolist(),
                   "misaligned": lambda: torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)}[bad]()
     with emulate.emulation(), pytest.raises(want, match=name):
         plan.run(*args.values())
