@@ -1,0 +1,107 @@
+"""Lab 6: the documented details a token-for-token match cannot see — defaults, seeds, slot
+arithmetic for any block size, admission of every request that fits, per-request counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labs.lab06_serving_engine._cases import BLOCK_SIZE, paged_model, random_prompts
+from labs.lab06_serving_engine._sequence import Sequence
+from reference.grader.proxy import given
+
+
+def _seq(impl, seq_id, tokens, num_computed, block_table):
+    params = impl.SamplingParams(max_tokens=4)
+    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), params)
+    seq.num_computed_tokens = num_computed
+    seq.block_table = list(block_table)
+    return seq
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("block_size", [3, 5])
+def test_slots_are_exact_for_block_sizes_that_are_not_powers_of_two(impl, block_size):
+    """slot = block_table[pos // block_size] * block_size + pos % block_size holds for block
+    sizes 3 and 5 too, where bit tricks (``|``, ``^``, ``& (bs - 1)``) that agree with it for
+    powers of two give other slots."""
+    chunk = _seq(impl, 0, range(100, 100 + 4 * block_size), block_size - 1, [6, 1, 4, 2])
+    num_new = 2 * block_size + 2
+    got = impl.prepare_inputs([(chunk, num_new)], block_size)
+    positions = range(block_size - 1, block_size - 1 + num_new)
+    want = [[6, 1, 4, 2][p // block_size] * block_size + p % block_size for p in positions]
+    assert got.slot_mapping.tolist() == want, (
+        f"block_size {block_size}: slot_mapping {got.slot_mapping.tolist()} != {want}: compute "
+        "block_id * block_size + offset with * and +; OR/XOR/masks only work for powers of two")
+
+
+@pytest.mark.points(1)
+def test_sampling_params_defaults_and_seeds(impl):
+    """``SamplingParams()`` generates exactly 16 tokens greedily (the documented defaults); a
+    seeded sampled request gives the same tokens whatever torch's global generator holds; an
+    unseeded one draws from torch's global generator (same global seed, same tokens)."""
+    llm = impl.LLM(paged_model(), num_blocks=32, block_size=BLOCK_SIZE)
+    prompt = random_prompts((6,), seed=11)
+    (out,) = llm.generate(prompt, impl.SamplingParams())
+    assert len(out.output_token_ids) == 16, (
+        f"SamplingParams() generated {len(out.output_token_ids)} tokens: max_tokens defaults to 16")
+
+    def sampled(params, global_seed):
+        torch.manual_seed(global_seed)
+        return llm.generate(prompt, params)[0].output_token_ids
+
+    seeded = impl.SamplingParams(max_tokens=8, temperature=1.5, seed=7)
+    assert sampled(seeded, 0) == sampled(seeded, 1), (
+        "a request with seed=7 sampled different tokens when torch's global seed changed: a "
+        "seeded request with temperature > 0 must sample from its own torch.Generator")
+    unseeded = impl.SamplingParams(max_tokens=8, temperature=1.5)
+    assert sampled(unseeded, 3) == sampled(unseeded, 3), (
+        "an unseeded sampled request is not reproducible under torch.manual_seed: seed=None "
+        "must use torch's global generator (no generator of its own)")
+
+
+@pytest.mark.points(1)
+def test_one_step_admits_every_waiting_request_that_fits(impl):
+    """With budget, blocks and ``max_num_seqs`` to spare, the first step admits every waiting
+    request (oldest first), not one request per step."""
+    llm = impl.LLM(paged_model(), num_blocks=32, block_size=BLOCK_SIZE,
+                   max_num_batched_tokens=64)
+    prompts = random_prompts((5, 3, 7), seed=12)
+    for p in prompts:
+        llm.add_request(p, impl.SamplingParams(max_tokens=2))
+    llm.step()
+    got = [(s.seq_id, n) for s, n in llm.last_scheduled]
+    assert got == [(0, 5), (1, 3), (2, 7)], (
+        f"the first step scheduled {got}: admission must continue while budget, max_num_seqs "
+        "and free blocks allow (did _admit's result stop the loop after one success?)")
+
+
+@pytest.mark.points(1)
+def test_per_request_counters_are_exact(impl):
+    """Each request's ``num_preemptions`` adds up to the engine's count, ``first_token_step`` is
+    the step that produced its first token (a chunked prompt later), and
+    ``stats["peak_num_used_blocks"]`` is the most blocks held at once."""
+    llm = impl.LLM(paged_model(), num_blocks=14, block_size=BLOCK_SIZE,
+                   max_num_batched_tokens=64)
+    outs = llm.generate(random_prompts((9, 12, 7, 14, 10, 5), seed=2),
+                        impl.SamplingParams(max_tokens=10))
+    total = sum(o.num_preemptions for o in outs)
+    assert total == llm.stats["num_preemptions"] > 0, (
+        f"requests report {total} preemptions, the engine {llm.stats['num_preemptions']}: a "
+        "preemption adds exactly 1 to the preempted request's num_preemptions")
+    # Budget 4: request 0 (3 tokens) samples at step 0; request 1 (9 tokens) gets 1, 3, 4, 1
+    # prompt tokens in steps 0-3 and samples its first token at step 3.
+    llm = impl.LLM(paged_model(), num_blocks=32, block_size=BLOCK_SIZE, max_num_batched_tokens=4)
+    seqs = [llm.sequences[llm.add_request(p, impl.SamplingParams(max_tokens=2))]
+            for p in random_prompts((3, 9), seed=13)]
+    while llm.has_unfinished_requests():
+        llm.step()
+    got = [s.first_token_step for s in seqs]
+    assert got == [0, 3], (
+        f"first_token_step {got} != [0, 3]: set it in step() when a request samples its first "
+        "token (a chunked prompt samples only once its last chunk is computed)")
+    # Blocks of 4: request 0 (at most 4 tokens: 1 block) finishes at step 1; request 1 holds 3
+    # blocks (9 tokens) at step 3, alone.
+    assert llm.stats["peak_num_used_blocks"] == 3, (
+        f"peak_num_used_blocks {llm.stats['peak_num_used_blocks']} != 3: blocks in use are "
+        "num_blocks - num_free_blocks, the peak their maximum over steps")
