@@ -28,6 +28,7 @@ What this module holds:
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,7 +145,14 @@ def _cupy_stream(torch_stream):
 class KernelLaunch(FrozenPlan):
     """One kernel launch resolved at plan time: the compiled kernel, grid, block and dynamic
     shared memory, and the device. Calling it with the argument tuple launches on the current
-    torch stream of the plan's device (the emulator runs it under ``PAGEDLAB_DEVICE=emulate``).
+    torch stream of the plan's device (the emulator runs it under ``PAGEDLAB_DEVICE=emulate``);
+    :meth:`launch_with` re-launches its recorded argument tuple with new pointers.
+
+    On a GPU, given its argument ``template`` at plan time, it packs the arguments once into a
+    parameter block (one 8-byte slot per argument, the array of slot addresses CUDA's
+    ``cuLaunchKernel`` takes) and :meth:`launch_with` only rewrites the pointer slots and calls
+    the driver on torch's current raw stream: no per-call argument conversion, stream object
+    or device context. That is the host cost FlashInfer's ``run`` has.
 
     Attributes:
         kernel: the ``cupy.RawKernel`` (or the emulator's kernel).
@@ -154,11 +162,12 @@ class KernelLaunch(FrozenPlan):
         device: the torch device it launches on.
     """
 
-    __slots__ = ("kernel", "grid", "block", "shared_mem", "device", "_emulated", "_cupy_device")
+    __slots__ = ("kernel", "grid", "block", "shared_mem", "device", "_emulated", "_cupy_device",
+                 "_packed", "_lock")
 
-    def __init__(self, kernel, grid, block, shared_mem: int, device):
+    def __init__(self, kernel, grid, block, shared_mem: int, device, template: tuple | None = None):
         emulated = type(kernel).__name__ == "EmulatedKernel"
-        cupy_device = None
+        cupy_device = packed = None
         if not emulated:
             import cupy
 
@@ -166,8 +175,13 @@ class KernelLaunch(FrozenPlan):
             # NOTE: raising the dynamic shared-memory limit is a driver call: once, here.
             if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
                 kernel.max_dynamic_shared_size_bytes = shared_mem
+            if template is not None:
+                with cupy_device:
+                    packed = _pack(kernel, tuple(grid), tuple(block), int(shared_mem), template,
+                                   device.index or 0)
         self._set(kernel=kernel, grid=tuple(grid), block=tuple(block), shared_mem=int(shared_mem),
-                  device=device, _emulated=emulated, _cupy_device=cupy_device)
+                  device=device, _emulated=emulated, _cupy_device=cupy_device, _packed=packed,
+                  _lock=threading.Lock())
 
     def __call__(self, args: tuple) -> None:
         """Launches with ``args`` (pointers from :meth:`ptr`, NumPy scalars)."""
@@ -181,10 +195,78 @@ class KernelLaunch(FrozenPlan):
         with self._cupy_device, _cupy_stream(torch.cuda.current_stream(self.device)):
             self.kernel(self.grid, self.block, args, shared_mem=self.shared_mem)
 
+    def launch_with(self, template: tuple, slots: tuple, ptrs) -> None:
+        """Launches ``template`` with ``ptrs[i]`` at each ``(position, i)`` of ``slots``.
+
+        Args:
+            template: the recorded argument tuple (the one given at construction, if any).
+            slots: ``(position, input index)`` pairs to overwrite.
+            ptrs: the run's pointers, by input index.
+        """
+        packed = self._packed
+        if packed is not None:
+            vals, launch = packed
+            # NOTE: the parameter block is shared by every run of the plan; the driver copies
+            # it at launch, so holding the lock from the writes to the launch is enough.
+            with self._lock:
+                for pos, i in slots:
+                    vals[pos] = ptrs[i]
+                if launch():
+                    return
+        args = list(template)
+        for pos, i in slots:
+            args[pos] = ptrs[i]
+        self(tuple(args))
+
     @property
     def emulated(self) -> bool:
         """True when it runs on the emulated device."""
         return self._emulated
+
+
+def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, index: int):
+    """Packs ``template`` into a ``cuLaunchKernel`` parameter block.
+
+    Returns:
+        ``(slots, launch)``: the uint64 array of argument slots (pointer slots are rewritten by
+        each run) and a function launching with it on torch's current stream, which returns
+        False when the fast path cannot launch (the caller then takes CuPy's path); or None
+        when an argument has a type the block does not hold.
+    """
+    import torch
+    from cupy.cuda import driver
+
+    vals = np.zeros(max(len(template), 1), dtype=np.uint64)
+    as_i32, as_f32 = vals.view(np.int32), vals.view(np.float32)
+    for pos, arg in enumerate(template):
+        if arg is None or isinstance(arg, (np.uint64, np.int64)):
+            vals[pos] = 0 if arg is None else arg  # a pointer slot, or a 64-bit integer
+        elif isinstance(arg, np.int32):
+            as_i32[2 * pos] = arg  # little-endian: the low half of the slot is the int
+        elif isinstance(arg, np.float32):
+            as_f32[2 * pos] = arg
+        else:
+            return None
+    argv = np.array([vals.ctypes.data + 8 * pos for pos in range(len(vals))], dtype=np.uint64)
+    fn_ptr = kernel.kernel.ptr
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    bx, by, bz = (*block, 1, 1)[:3]
+    argv_ptr = argv.ctypes.data
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    current_device = torch.cuda.current_device
+
+    def launch() -> bool:
+        if raw_stream is None or current_device() != index:
+            return False
+        try:
+            driver.launchKernel(fn_ptr, gx, gy, gz, bx, by, bz, shared_mem, raw_stream(index),
+                                argv_ptr, 0)
+        except driver.CUDADriverError:
+            return False  # e.g. no context current on this thread yet: CuPy's path sets one
+        return True
+
+    launch.keep = (vals, argv)  # the block must outlive every launch made with it
+    return vals, launch
 
 
 def _arg_address(arg) -> int | None:
@@ -250,7 +332,8 @@ def record_launches(who: str, launcher, names: tuple, tensors: tuple, required: 
         args = list(r.args)
         for pos, _ in slots:
             args[pos] = None
-        launches.append(KernelLaunch(r.kernel, r.grid, r.block, r.shared_mem, device))
+        launches.append(KernelLaunch(r.kernel, r.grid, r.block, r.shared_mem, device,
+                                     template=tuple(args)))
         templates.append((tuple(args), slots))
     if recorded:
         missing = [n for i, n in enumerate(names) if n in required and i in index.values()
@@ -273,10 +356,7 @@ def replay(launches: tuple, templates: tuple, ptrs: tuple) -> None:
         ptrs: the run's pointers, one per input, in the order the plan recorded them.
     """
     for launch, (template, slots) in zip(launches, templates):
-        args = list(template)
-        for pos, i in slots:
-            args[pos] = ptrs[i]
-        launch(tuple(args))
+        launch.launch_with(template, slots, ptrs)
 
 
 def no_launcher_launch(who: str) -> PlanCaptureError:
@@ -308,6 +388,12 @@ class _NullLaunch:
 
     def __call__(self, args: tuple) -> None:
         self.calls += 1
+
+    def launch_with(self, template: tuple, slots: tuple, ptrs) -> None:
+        args = list(template)
+        for pos, i in slots:
+            args[pos] = ptrs[i]
+        self(tuple(args))
 
 
 def with_null_launches(plan):
