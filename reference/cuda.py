@@ -129,6 +129,21 @@ def device_capability() -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability())
 
 
+def runs_sm80_stages(x) -> bool:
+    """True unless ``x`` (a torch tensor or CuPy array) lives on a GPU below compute capability
+    8.0, where the stages that use ``mma.sync`` / ``ldmatrix`` / ``cp.async`` refuse: dispatchers
+    pick a CUDA-core stage there. CPU tensors (emulated, or refused later by the launcher's device
+    check) and anything else answer True."""
+    device = getattr(x, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return tuple(torch.cuda.get_device_capability(device)) >= (8, 0)
+    if is_cupy(x) and hasattr(device, "compute_capability"):
+        return int(device.compute_capability) >= 80
+    return True
+
+
 def check_capability(cu_path: str | Path, name: str | None = None,
                      capability: tuple[int, int] | None = None) -> None:
     """Refuses a stage that needs sm_80 on an older GPU, before CuPy compiles it.

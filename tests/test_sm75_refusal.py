@@ -205,3 +205,42 @@ def test_sm80_stage_tests_skip_on_sm75_and_run_on_sm90(tmp_path):
         assert sm90[name][0] == "passed", (name, sm90[name])
     assert sm90["test_student_raises_capability_error"][0] == "failure"
     assert sm90["test_student_raises_other_config_error"][0] == "failure"
+
+
+def test_paged_attention_and_plans_pick_v4_below_sm80(monkeypatch):
+    """On a GPU below 8.0 (mocked) the dispatcher and ``plan_decode`` choose v4 for shapes v6
+    would serve, so a T4 runs Lab 4's production path instead of skipping it; on 8.0+ they
+    choose v6 (the CPU case stands in for the GPU's tensors, emulated)."""
+    from labs.lab04_decode_kernels._cases import GpuCase
+    from reference import emulate
+    from reference.loader import load_impl
+
+    impl = load_impl(LAB4, "solution")
+    with emulate.emulation():
+        case = GpuCase(3, [20, 40], 8, 2, 128, 16)
+        calls = []
+        monkeypatch.setattr(impl, "paged_attention_v4", lambda *a, **k: calls.append("v4"))
+        monkeypatch.setattr(impl, "paged_attention_v6", lambda *a, **k: calls.append("v6"))
+        for sm80, want in ((False, "v4"), (True, "v6")):
+            monkeypatch.setattr(rcuda, "runs_sm80_stages", lambda x, ok=sm80: ok)
+            impl.paged_attention(*case.args(), case.scale)
+            assert calls[-1] == want, f"runs_sm80_stages={sm80}: dispatched to {calls[-1]}"
+            assert impl.plan_decode(*case.args(), case.scale).version == want
+
+
+def test_runs_sm80_stages_reads_the_tensors_gpu(monkeypatch):
+    """``runs_sm80_stages`` asks the tensor's own GPU (mocked 7.5 / 8.0), and answers True for
+    CPU tensors (the launcher's device check or the emulator decides those)."""
+    torch = pytest.importorskip("torch")
+
+    class FakeCuda:
+        type = "cuda"
+        index = 0
+
+    class Tensor:
+        device = FakeCuda()
+
+    for cap, want in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=cap: c)
+        assert rcuda.runs_sm80_stages(Tensor()) is want
+    assert rcuda.runs_sm80_stages(torch.zeros(1)) is True

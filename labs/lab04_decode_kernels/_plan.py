@@ -63,7 +63,8 @@ class DecodePlan(FrozenPlan):
         import torch
 
         if version is None:
-            version = "v6" if ns["_prefers_v6"](query, key_cache) else "v4"
+            use_v6 = ns["_prefers_v6"](query, key_cache) and rcuda.runs_sm80_stages(query)
+            version = "v6" if use_v6 else "v4"
         if version not in PLAN_KERNELS:
             raise ValueError(f"version must be one of {sorted(PLAN_KERNELS)} or None, got "
                              f"{version!r}")

@@ -527,14 +527,17 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
 
     v4's CUDA-core multiply-adds grow with the GQA group and cap it below the copy ceiling from
     a group of 4 on fast HBM; v6's tensor cores do not care, and its cp.async ring keeps enough
-    bytes in flight to match v4 even on MHA. Head size 256 goes to v4.
+    bytes in flight to match v4 even on MHA. Head size 256 goes to v4, and so does everything on
+    a GPU below compute capability 8.0 (v6 needs sm_80).
 
     Cost: every call validates fully, plans the split and allocates its scratch (~100 µs of
     host time); for repeated calls on one batch shape use :func:`plan_decode` and its ``run``.
 
     Args and Returns: as :func:`paged_attention_v4`.
     """
-    fn = paged_attention_v6 if _prefers_v6(query, key_cache) else paged_attention_v4
+    # NOTE: v6 needs sm_80 (cp.async, mma.sync); on an older GPU (a T4) v4 serves every shape.
+    use_v6 = _prefers_v6(query, key_cache) and rcuda.runs_sm80_stages(query)
+    fn = paged_attention_v6 if use_v6 else paged_attention_v4
     return fn(query, key_cache, value_cache, block_tables, context_lens, scale,
               max_context_len=max_context_len, plan=plan, return_lse=return_lse, out=out,
               debug=debug)
