@@ -145,7 +145,9 @@ def grade_submission(submission: Path, results: Path) -> int:
                                   str(Path(tmp) / "summary.md"), "--timeout",
                                   str(config.get("timeout_s", 60)), "--on-tamper",
                                   config.get("on_tamper", "zero"), "--manifest-digest",
-                                  config["manifest_digest"], "--isolated", "--quiet"])
+                                  config["manifest_digest"], "--isolated", "--quiet",
+                                  *(["--hidden-messages"] if config.get("hidden_messages")
+                                    else [])])
         return grade.main(args, extra_notes=notes, extra_tamper=tamper)
 
 

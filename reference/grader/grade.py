@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-test time limit in seconds (default %(default)g; 0 = none)")
     parser.add_argument("--no-hidden", action="store_true",
                         help="leave out the instructor-only hidden tests")
+    parser.add_argument("--hidden-messages", action="store_true",
+                        help="show a failed hidden test's message in results.json (after the "
+                             "due date, never its code); by default it is withheld and only "
+                             "the count of failed hidden tests is shown")
     parser.add_argument("--manifest", default=None,
                         help=f"release manifest to verify (default: ./{MANIFEST_NAME} if present)")
     parser.add_argument("--manifest-digest", default=None,
@@ -94,7 +98,8 @@ def _zero(records: list[TestResult], labs: list[str], files: list[str]) -> None:
 
 
 def _write_outputs(args, records, implementation, notes, labs, error=None, expected=None) -> dict:
-    results = gradescope_results(records, implementation, notes)
+    results = gradescope_results(records, implementation, notes,
+                                 hidden_messages=getattr(args, "hidden_messages", False))
     if error:
         results["output"] += f"\n{error}"
         if expected and not records:  # nothing ran: the maximum still stands

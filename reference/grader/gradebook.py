@@ -130,20 +130,27 @@ def _handout_positions(lab_number: int) -> dict[str, int]:
     return positions
 
 
+#: What a failed hidden test shows in place of its message (unless messages are shown).
+HIDDEN_WITHHELD = "failed (a hidden test: its message is withheld; see the hidden-test count)"
+
+
 def gradescope_results(records: list[TestResult], implementation: str,
-                       notes: list[str] | tuple[str, ...] = ()) -> dict:
+                       notes: list[str] | tuple[str, ...] = (),
+                       hidden_messages: bool = False) -> dict:
     """Builds a Gradescope ``results.json`` payload.
 
     Args:
         records: graded test records.
         implementation: which implementation was graded (shown to the student).
         notes: grader findings to show at the top (tampered files, crashes, ...).
+        hidden_messages: show a failed hidden test's message (never its code); by default
+            it is withheld (:data:`HIDDEN_WITHHELD`) and only the count is shown.
 
     Returns:
         A dict with ``score``, ``max_score``, ``output`` and ``tests``; each test has name, score,
         max_score, status, output (the failure message) and tags (its lab). Hidden tests have
-        ``visibility: after_due_date`` and their output is the failure message alone (never
-        the traceback, which quotes the test's code).
+        ``visibility: after_due_date``; their output is withheld, or with ``hidden_messages``
+        the failure message alone (never the traceback, which quotes the test's code).
     """
     tests = []
     for rec in records:
@@ -152,7 +159,9 @@ def gradescope_results(records: list[TestResult], implementation: str,
         if rec.skipped:
             output = f"skipped: {rec.message}"
         elif not passed and hidden:
-            output = student_message(rec.message)
+            # NOTE: withheld by default: a hidden test's message can quote what it probes
+            # (and what the student's code returned); the count is in the summary.
+            output = student_message(rec.message) if hidden_messages else HIDDEN_WITHHELD
         elif not passed:
             output = rec.message
             if rec.details:

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_bundle(zip_path: Path, labs: list[str], *, timeout_s: float = DEFAULT_TEST_TIMEOUT_S,
-                 on_tamper: str = "zero", log=print) -> tuple[dict, list[str]]:
+                 on_tamper: str = "zero", hidden_messages: bool = False,
+                 log=print) -> tuple[dict, list[str]]:
     """Writes the autograder zip.
 
     Args:
@@ -56,6 +57,8 @@ def build_bundle(zip_path: Path, labs: list[str], *, timeout_s: float = DEFAULT_
         labs: lab folder names to grade.
         timeout_s: per-test time limit.
         on_tamper: policy for submissions whose protected files differ.
+        hidden_messages: show failed hidden tests' messages (after the due date); by default
+            students see only how many hidden tests failed.
         log: where progress lines go.
 
     Returns:
@@ -68,7 +71,7 @@ def build_bundle(zip_path: Path, labs: list[str], *, timeout_s: float = DEFAULT_
         root = Path(tmp) / "source"
         manifest, problems = build_release(root, labs, extra=extra, log=log)
         config = {"labs": labs, "timeout_s": timeout_s, "on_tamper": on_tamper,
-                  "manifest_digest": digest(manifest)}
+                  "hidden_messages": hidden_messages, "manifest_digest": digest(manifest)}
         (root / CONFIG_NAME).write_text(json.dumps(config, indent=1) + "\n")
         setup = (TEMPLATES / "setup.sh").read_text().replace("@TORCH@", torch_pin())
         zip_path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,8 @@ from reference.grader.codec import Codec
 from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
                                       make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
-from reference.grader.worker import FrameReader, _describe_exception, frame_header, write_all
+from reference.grader.worker import (FLAG_CONCURRENT, FrameReader, _describe_exception,
+                                     frame_header, write_all)
 from reference.paths import REPO_ROOT
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
@@ -257,7 +258,11 @@ class WorkerClient:
         self._tail_bytes = 0
         self.dead: str | None = None
         threading.Thread(target=self._drain_output, daemon=True).start()
-        self.module = self.request("import", None)
+        try:
+            self.module = self.request("import", None)
+        except BaseException:
+            self.kill("the student's module failed to import")  # NOTE: never left running
+            raise
 
     # --- codec hooks -------------------------------------------------------------------------
     def _to_handle(self, obj: Any) -> list:
@@ -336,11 +341,19 @@ class WorkerClient:
         args = list(args)
         kwargs = dict(kwargs) if kwargs else {}
         req_id = next(self._ids)
-        body = self._codec.pack([req_id, op, target, name, args, kwargs])
+        slot = _Slot()
+        # NOTE: "concurrent" when another call is in flight (another thread's, or the one a
+        # call-back being served here belongs to): the worker then keeps a thread reading
+        # while it runs this one. A solo call costs the worker no thread wake-up.
+        flags = FLAG_CONCURRENT if self._pending else 0
+        self._pending[req_id] = slot
+        try:
+            body = self._codec.pack([req_id, op, target, name, args, kwargs, flags])
+        except BaseException:
+            self._pending.pop(req_id, None)
+            raise
         if op != "getattr" and op != "snap":
             self._bump_epoch()
-        slot = _Slot()
-        self._pending[req_id] = slot
         try:
             with self._send_lock:
                 write_all(self._out_fd, frame_header(len(body)) + body)
@@ -651,10 +664,38 @@ def _copy_back(changed: list, args: list, kwargs: dict) -> None:
 
 
 _CLIENTS: dict[str, WorkerClient] = {}
+#: Workers being started ahead of the first test (see :func:`prestart`), by lab.
+_STARTING: dict[str, threading.Thread] = {}
+
+
+def prestart(lab: str) -> None:
+    """Starts ``lab``'s worker in the background, so its start (an interpreter, numpy, torch,
+    the student's module) overlaps the test process's own collection.
+
+    A worker that fails to start is not reported here: :func:`remote_impl` then starts one
+    itself, and each test gets the error.
+
+    Args:
+        lab: a lab folder name.
+    """
+    if lab in _CLIENTS or lab in _STARTING:
+        return
+
+    def start() -> None:
+        try:
+            _CLIENTS[lab] = WorkerClient(lab)
+        except BaseException:  # noqa: BLE001 — reported by remote_impl's own attempt
+            pass
+
+    thread = _STARTING[lab] = threading.Thread(target=start, name="worker-start", daemon=True)
+    thread.start()
 
 
 def remote_impl(lab: str) -> Remote:
     """Returns the proxy of ``lab``'s implementation (starting a worker when none is alive)."""
+    starting = _STARTING.pop(lab, None)
+    if starting is not None:
+        starting.join()
     client = _CLIENTS.get(lab)
     if client is None or client.dead:
         client = _CLIENTS[lab] = WorkerClient(lab)

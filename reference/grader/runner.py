@@ -108,7 +108,9 @@ def run_lab_tests(
         extra_args: more pytest arguments.
         timeout_s: wall-clock limit per lab.
         test_timeout_s: per-test limit; None disables it.
-        include_hidden: also run each lab's hidden tests (:mod:`reference.grader.hidden`).
+        include_hidden: also run each lab's hidden tests (:mod:`reference.grader.hidden`), in
+            a later phase of their own (a fresh test process, after the public tests); grading
+            isolated, their folders are first made unreadable by other users (the worker's).
         expected: lab -> {node id: points (a number or ``"n/d"``)} the run must account for
             (a manifest's list);
             labs absent here expect what their collection finds.
@@ -142,10 +144,28 @@ def run_lab_tests(
             # whose tests the worker cannot serve yet is graded in-process, and the report says so.
             lab_env = plain_env
             notes.append(f"{lab}: graded in-process, not isolated ({reason})")
-        runs.append(_run_lab(lab, impl=impl, env=lab_env, only=only, extra_args=extra_args,
-                             timeout_s=timeout_s, test_timeout_s=test_timeout_s,
-                             include_hidden=include_hidden, expected=(expected or {}).get(lab),
-                             progress=progress))
+        want = (expected or {}).get(lab)
+        hidden = [d for d in hidden_dirs(lab) if any(d.glob("test_*.py"))] \
+            if include_hidden else []
+        if isolated and not reason:
+            for folder in hidden:
+                _private(folder)
+        common = dict(impl=impl, env=lab_env, only=only, extra_args=extra_args,
+                      timeout_s=timeout_s, test_timeout_s=test_timeout_s, progress=progress)
+        # NOTE: hidden tests run in a later phase of their own: a fresh test process (and
+        # worker), after every public test of the lab has finished, so nothing the student's
+        # code saw or kept during the public tests meets them, and they are not even
+        # collected while it runs.
+        if progress:
+            progress.start(lab)
+        phases = [_run_lab(lab, paths=[_rel(LABS_DIR / lab)], expected=_part(want, False),
+                           **common)]
+        if hidden:
+            phases.append(_run_lab(lab, paths=[_rel(d) for d in hidden],
+                                   expected=_part(want, True), **common))
+        if progress:
+            progress.end(lab, [r for run in phases for r in run.records])
+        runs += phases
     records = [r for run in runs for r in run.records]
     collected = [n for run in runs for n in run.collected]
     if not collected:
@@ -243,11 +263,28 @@ class _LabState:
                 for nid, meta in self.want.items()]
 
 
-def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s, include_hidden,
+def _part(want: dict | None, hidden: bool) -> dict | None:
+    """The expected tests of one phase: the hidden ones or the public ones (None: collect)."""
+    if want is None:
+        return None
+    return {nid: pts for nid, pts in want.items()
+            if is_hidden_path(REPO_ROOT / nid.split("::")[0]) == hidden}
+
+
+def _private(folder: Path) -> None:
+    """Makes a hidden-test folder (and ``hidden/`` above a bundle's) unreadable by any other
+    user, the worker's included, when this process may (root, or the folder's owner)."""
+    for path in (folder, folder.parent) if folder.parent.name == "hidden" else (folder,):
+        try:
+            path.chmod(path.stat().st_mode & ~0o077)
+        except OSError:
+            pass  # NOTE: not ours: the report still grades; see the README's threat model
+
+
+def _run_lab(lab: str, *, paths, impl, env, only, extra_args, timeout_s, test_timeout_s,
              expected, progress) -> RunResult:
-    paths = [_rel(LABS_DIR / lab)]
-    if include_hidden:
-        paths += [_rel(d) for d in hidden_dirs(lab)]
+    """Runs one phase of a lab's tests (its public or its hidden ones) to the end, restarting
+    the test process for the tests not yet run when one dies."""
     names = set(only or [])
     want = None
     if expected is not None:
@@ -255,8 +292,6 @@ def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s
                 if not names or _func_name(nid) in names}
     state = _LabState(lab, want)
     outputs, exitstatus, args, deaths = [], 0, paths, 0
-    if progress:
-        progress.start(lab)
     while True:
         child = _run_child(args, lab=lab, impl=impl, env=env, only=only, extra_args=extra_args,
                            timeout_s=timeout_s, test_timeout_s=test_timeout_s, progress=progress,
@@ -280,8 +315,6 @@ def _run_lab(lab: str, *, impl, env, only, extra_args, timeout_s, test_timeout_s
             break
         args = runnable  # a fresh process for the tests not yet run
     records = state.records()
-    if progress:
-        progress.end(lab, records)
     return RunResult(exitstatus, records, list(state.want), state.implementation,
                      f"== {lab}\n" + "\n".join(outputs), state.problems)
 

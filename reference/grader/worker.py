@@ -20,9 +20,11 @@ Usage: ``python -m reference.grader.worker LAB``.
 from __future__ import annotations
 
 import os
+import select
 import struct
 import sys
 import threading
+import time
 import types
 
 import msgpack
@@ -37,6 +39,11 @@ _HEADER = struct.Struct("<I")
 #: GIL switch interval of the worker: as short as can be, so calls that run at the same time
 #: interleave as they would in one process (a missing lock shows). Idle threads cost nothing.
 SWITCH_INTERVAL_S = 1e-6
+#: Request flag (bits of a request's 7th item): another call was in flight when it was sent,
+#: so the worker keeps a thread reading while it runs this one.
+FLAG_CONCURRENT = 1
+#: How often the worker looks for a request that no thread is reading (see Worker._watch).
+WATCH_INTERVAL_S = 1e-3
 
 
 def frame_header(size: int) -> bytes:
@@ -85,6 +92,10 @@ class FrameReader:
         body = bytes(self._buf[_HEADER.size:end])
         del self._buf[:end]
         return body
+
+    def buffered(self) -> bool:
+        """True when bytes of a next frame were read already (no read needed to see them)."""
+        return bool(self._buf)
 
     def _fill(self, n: int) -> bool:
         while len(self._buf) < n:
@@ -216,6 +227,33 @@ def _snapshot_value(value) -> bool:
     return _flat(value)
 
 
+def _layout(cls: type) -> tuple:
+    """Returns ``cls``'s (slot descriptors as (name, descriptor), whether instances keep a
+    plain ``__dict__``, names a class data descriptor shadows), computed once per class.
+
+    NOTE: a class changed after its first snapshot (student code may) is not looked at again:
+    what a snapshot holds is the worker's word anyway (see the proxy's module docstring).
+    """
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        members, seen, shadowed = [], set(), set()
+        for klass in cls.__mro__:
+            for name, attr in klass.__dict__.items():
+                if name in seen:
+                    continue
+                seen.add(name)
+                if type(attr) is types.MemberDescriptorType:
+                    members.append((name, attr))
+                if _is_data_descriptor(attr):
+                    shadowed.add(name)
+        own = type(_class_attr(cls, "__dict__")) is types.GetSetDescriptorType
+        layout = _LAYOUTS[cls] = (tuple(members), own, frozenset(shadowed))
+    return layout
+
+
+_LAYOUTS: dict[type, tuple] = {}
+
+
 def _plain_attrs(obj: object) -> dict | None:
     """Returns ``obj``'s instance attributes that reading runs no code for (its ``__dict__``
     entries and ``__slots__``, none shadowed by a class descriptor), when small; None for
@@ -223,19 +261,19 @@ def _plain_attrs(obj: object) -> dict | None:
     cls = type(obj)
     if isinstance(obj, (type, types.ModuleType)) or cls.__getattribute__ is not object.__getattribute__:
         return None
+    members, has_dict, shadowed = _layout(cls)
     out = {}
-    for klass in cls.__mro__:
-        for name, attr in klass.__dict__.items():
-            if type(attr) is types.MemberDescriptorType and name not in out:
-                try:
-                    out[name] = attr.__get__(obj, cls)
-                except AttributeError:
-                    pass
-    own = _own_dict(obj)
-    if own is not None:
-        for name, value in list(own.items()):
-            if type(name) is str and not _is_data_descriptor(_class_attr(cls, name)):
-                out[name] = value
+    for name, attr in members:
+        try:
+            out[name] = attr.__get__(obj, cls)
+        except AttributeError:
+            pass
+    if has_dict:
+        own = object.__getattribute__(obj, "__dict__")
+        if type(own) is dict:
+            for name, value in list(own.items()):
+                if type(name) is str and name not in shadowed:
+                    out[name] = value
     out = {k: v for k, v in out.items() if _snapshot_value(v)}
     return dict(list(out.items())[:MAX_SNAPSHOT_ATTRS]) if out else None
 
@@ -384,15 +422,28 @@ def _rebuild_error(data: list) -> BaseException:
 class Worker:
     """Serves requests for one lab's implementation.
 
-    NOTE: leader/followers, no dispatcher thread. A serving thread takes the read lock, reads
-    one request, lets go of the lock and runs that request itself, so a lone call costs no
-    thread handoff. While it runs, another serving thread waits on the pipe; a new one is
-    started only when none is left waiting, so calls the tests make concurrently still run
-    concurrently here (a missing lock in student code still shows).
+    NOTE: no dispatcher thread. A serving thread takes the read lock, reads one request, lets
+    go of the lock and runs that request itself. The trusted side marks each request *solo*
+    (no other call of its own in flight when it was sent) or *concurrent*:
+
+    * a solo request is run by the thread that read it, with no other thread woken: nothing
+      else can be sent until it is answered, except what a call-back or a blocked call makes
+      the trusted side send (see below). Afterwards that thread reads again. A lone call so
+      costs one wake-up here, as a raw pipe round trip does.
+    * before running a concurrent request, its reader makes sure another thread reads the
+      pipe (:meth:`_ensure_reader`: wakes a parked one or starts one), so calls the tests make
+      concurrently run concurrently here (a missing lock in student code still shows).
+    * a solo request that blocks (on a lock a later call will release) or calls back leaves
+      no one reading: the thread calling back ensures a reader itself, and a watchdog thread
+      (:meth:`_watch`) does when a frame waits unread while every thread runs a call.
+
+    Threads with nothing to do park (on their own lock, not the read lock, so releasing the
+    read lock wakes no one).
     """
 
     def __init__(self, lab: str, requests_fd: int, replies_fd: int) -> None:
         self.lab, self._out_fd = lab, replies_fd
+        self._in_fd = requests_fd
         self._reader = FrameReader(requests_fd)
         self._table = _Table()
         self._shared = WorkerShared()
@@ -406,17 +457,18 @@ class Worker:
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._num_waiting = 0  # serving threads not running a call
-        self._num_threads = 0
+        self._num_readers = 1  # threads reading or told to read (the main thread at first)
+        self._num_running = 0  # requests being run
+        self._num_threads = 1
+        self._parked: list[threading.Lock] = []  # held locks of parked threads
 
     def serve(self) -> None:
         """Answers requests until the trusted side closes the pipe, then exits the process."""
+        threading.Thread(target=self._watch, name="watch", daemon=True).start()
         self._serve_loop()
 
     def _serve_loop(self) -> None:
-        with self._state_lock:
-            self._num_threads += 1
-            self._num_waiting += 1
+        """One serving thread: reads when it is the reader, runs what it read, parks when idle."""
         while True:
             with self._read_lock:
                 frame = self._reader.read()
@@ -426,20 +478,62 @@ class Worker:
                 request = self._codec.unpack(frame)
             except BaseException as exc:  # noqa: BLE001 — answered as an error below
                 request = exc
+            with self._state_lock:
+                self._num_readers -= 1
             if type(request) is list and len(request) == 6 and request[1] == "cbreply":
                 waiter = self._callbacks.pop(request[0], None)
                 if waiter is not None:
                     waiter.reply = request[4]
                     waiter.event.set()
-                continue
-            with self._state_lock:
-                self._num_waiting -= 1
-                spawn = self._num_waiting == 0 and self._num_threads < MAX_THREADS
-            if spawn:
-                threading.Thread(target=self._serve_loop, name="serve", daemon=True).start()
-            self._answer(request)
-            with self._state_lock:
-                self._num_waiting += 1
+            else:
+                if type(request) is list and len(request) == 7 and \
+                        type(request[6]) is int and request[6] & FLAG_CONCURRENT:
+                    self._ensure_reader()  # concurrent: another call may need a thread now
+                with self._state_lock:
+                    self._num_running += 1
+                try:
+                    self._answer(request)
+                finally:
+                    with self._state_lock:
+                        self._num_running -= 1
+            self._next_role()
+
+    def _next_role(self) -> None:
+        """After a frame: read next if no one else is reading, otherwise park until needed."""
+        with self._state_lock:
+            if self._num_readers == 0:
+                self._num_readers = 1
+                return
+            parked = threading.Lock()
+            parked.acquire()
+            self._parked.append(parked)
+        parked.acquire()  # released by _ensure_reader, which counted this thread as a reader
+
+    def _ensure_reader(self) -> None:
+        """Makes sure a thread reads the pipe (wakes a parked one, or starts one)."""
+        with self._state_lock:
+            if self._num_readers:
+                return
+            if self._parked:
+                self._num_readers = 1
+                self._parked.pop().release()
+                return
+            if self._num_threads >= MAX_THREADS:
+                return
+            self._num_readers = 1
+            self._num_threads += 1
+        threading.Thread(target=self._serve_loop, name="serve", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Ensures a reader when a frame waits unread while every thread runs a call (a solo
+        call blocked on a lock that the next call releases). Costs a wake-up per ms, no more."""
+        poller = select.poll()
+        poller.register(self._in_fd, select.POLLIN)
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            if self._num_readers == 0 and self._num_running and \
+                    (self._reader.buffered() or poller.poll(0)):
+                self._ensure_reader()
 
     def _share(self, t) -> list | None:
         return self._shared.reference(t, move=getattr(self._local, "move", False))
@@ -459,7 +553,7 @@ class Worker:
         finally:
             self._local.move = False
         waiter = self._callbacks[cb_id] = _Waiter()
-        self._ensure_reader()
+        self._ensure_reader()  # NOTE: this thread is busy: someone must read the answer
         envelope = msgpack.packb([cb_id, "cb", body], use_bin_type=True)
         with self._send_lock:
             write_all(self._out_fd, frame_header(len(envelope)) + envelope)
@@ -469,19 +563,12 @@ class Worker:
             raise _rebuild_error(payload)
         return payload
 
-    def _ensure_reader(self) -> None:
-        """Starts a serving thread when none is waiting on the pipe (to read the answer)."""
-        with self._state_lock:
-            spawn = self._num_waiting == 0 and self._num_threads < MAX_THREADS
-        if spawn:
-            threading.Thread(target=self._serve_loop, name="serve", daemon=True).start()
-
     def _answer(self, request) -> None:
         req_id, op, copyback, pure = 0, "", [], False
         try:
             if isinstance(request, BaseException):
                 raise request
-            req_id, op, target, name, args, kwargs = request
+            req_id, op, target, name, args, kwargs = request[:6]
             # NOTE: decided before the call: a pure read runs no student code.
             pure = op == "snap" or (op == "getattr" and _pure_getattr(target, name))
             originals = _array_bytes(args, kwargs)

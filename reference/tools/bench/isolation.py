@@ -61,6 +61,12 @@ def pipe_round_trip_us(reps: int) -> float:
         proc.wait()
 
 
+def _cpu_s(pid: int) -> float:
+    """Returns the user + system CPU seconds process ``pid`` has used (Linux ``/proc``)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proxied_call_us(reps: int) -> dict:
     """Returns µs per proxied call to Lab 1's solution in a worker, for a few kinds of call."""
     os.environ.setdefault("LAB_IMPL", "solution")
@@ -89,7 +95,13 @@ def proxied_call_us(reps: int) -> dict:
             for t in threads:
                 t.join()
 
-        return {"worker_start_s": start_s, "no_args_us": _us_per(no_args, reps),
+        # CPU per call on each side (from /proc: steadier than wall time on a loaded machine).
+        cpu0, own0 = _cpu_s(client.proc.pid), time.process_time()
+        no_args(reps)
+        worker_cpu_us = (_cpu_s(client.proc.pid) - cpu0) / reps * 1e6
+        trusted_cpu_us = (time.process_time() - own0) / reps * 1e6
+        return {"worker_start_s": start_s, "worker_cpu_us": worker_cpu_us,
+                "trusted_cpu_us": trusted_cpu_us, "no_args_us": _us_per(no_args, reps),
                 "list_arg_us": _us_per(list_arg, reps), "threads4_us": _us_per(threaded, reps)}
     finally:
         client.kill()
@@ -157,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                                  ("no_args_us", "proxied call µs", ".0f"),
                                  ("list_arg_us", "with a list arg µs", ".0f"),
                                  ("threads4_us", "4 threads, µs/call", ".0f"),
+                                 ("worker_cpu_us", "worker CPU µs/call", ".0f"),
+                                 ("trusted_cpu_us", "grader CPU µs/call", ".0f"),
                                  ("worker_start_s", "worker start s", ".2f")]))
     backs = callback_us(args.reps)
     calls.update(backs)
