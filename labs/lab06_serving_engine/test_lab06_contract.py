@@ -1,12 +1,14 @@
 """Lab 6: the documented details a token-for-token match cannot see — defaults, seeds, slot
-arithmetic for any block size, admission of every request that fits, per-request counters."""
+arithmetic for any block size, admission of every request that fits, per-request counters,
+limits met exactly (the last token of budget, the last free block) and a preemption's state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from labs.lab06_serving_engine._cases import BLOCK_SIZE, paged_model, random_prompts
+from labs.lab06_serving_engine._cases import (BLOCK_SIZE, hf_tokens, mismatch_report, paged_model,
+                                              random_prompts)
 from labs.lab06_serving_engine._sequence import Sequence
 from reference.grader.proxy import given
 
@@ -105,3 +107,89 @@ def test_per_request_counters_are_exact(impl):
     assert llm.stats["peak_num_used_blocks"] == 3, (
         f"peak_num_used_blocks {llm.stats['peak_num_used_blocks']} != 3: blocks in use are "
         "num_blocks - num_free_blocks, the peak their maximum over steps")
+
+
+@pytest.mark.points(1)
+def test_a_cached_prefix_needs_only_its_uncached_blocks_to_be_admitted(impl):
+    """A waiting request whose leading block is cached (held by a running request) is admitted
+    when only its *uncached* blocks fit: in a 3-block pool where request 0 holds 2 blocks,
+    request 1 (its first block a hit) needs 1 free block and joins the next step."""
+    llm = impl.LLM(paged_model(), num_blocks=3, block_size=BLOCK_SIZE)
+    (prompt,) = random_prompts((BLOCK_SIZE + 1,), seed=14)
+    first = llm.sequences[llm.add_request(prompt, impl.SamplingParams(max_tokens=3))]
+    llm.step()  # request 0: 5 tokens in 2 blocks, its first block now cached; 1 block free
+    shared = prompt[:BLOCK_SIZE] + [7, 9]
+    second = llm.sequences[llm.add_request(shared, impl.SamplingParams(max_tokens=2))]
+    llm.step()
+    got = [(s.seq_id, n) for s, n in llm.last_scheduled]
+    assert got == [(0, 1), (1, 2)], (
+        f"with 1 free block the step scheduled {got}, not [(0, 1), (1, 2)]: request 1 shares its "
+        "first block with request 0 and needs ceil(6 / 4) - 1 = 1 new block — count the blocks "
+        "to take as total blocks minus the cached ones (with `-`, not `^` or `|`)")
+    assert second.block_table[0] == first.block_table[0], (
+        "request 1 did not reuse request 0's cached first block")
+
+
+@pytest.mark.points(1)
+def test_a_last_token_of_budget_still_admits_a_chunk(impl):
+    """A step uses its whole token budget: when running requests leave exactly 1 token of it, a
+    waiting prompt is admitted with a 1-token chunk (and a budget of 1 still serves)."""
+    llm = impl.LLM(paged_model(), num_blocks=16, block_size=BLOCK_SIZE, max_num_batched_tokens=4)
+    for p in random_prompts((3, 5), seed=15):
+        llm.add_request(p, impl.SamplingParams(max_tokens=2))
+    llm.step()
+    got = [(s.seq_id, n) for s, n in llm.last_scheduled]
+    assert got == [(0, 3), (1, 1)], (
+        f"budget 4 with a 3-token prompt scheduled {got}, not [(0, 3), (1, 1)]: admission must "
+        "go on while any budget is left (budget > 0), even for a 1-token chunk")
+    prompts = random_prompts((3, 2), seed=16)
+    llm = impl.LLM(paged_model(), num_blocks=16, block_size=BLOCK_SIZE, max_num_batched_tokens=1)
+    outs = llm.generate(prompts, impl.SamplingParams(max_tokens=3))
+    got = [o.output_token_ids for o in outs]
+    want = hf_tokens(prompts, max_tokens=3)
+    assert got == want, (
+        "with max_num_batched_tokens=1 the engine's tokens differ from Hugging Face's:\n"
+        + mismatch_report(prompts, got, want))
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("prompt_len", [BLOCK_SIZE, BLOCK_SIZE + 1, 2 * BLOCK_SIZE - 1])
+def test_a_request_that_exactly_fills_the_pool_is_never_preempted(impl, prompt_len):
+    """Exactly enough free blocks is enough: a lone request whose tokens fill a 2-block pool to
+    the last slot is admitted and decodes to the end without a preemption — whether its prompt
+    takes both blocks (prompt of 7), its next token takes the last free block (prompt of 4), or
+    lands in a block it holds while none is free (prompt of 5)."""
+    llm = impl.LLM(paged_model(), num_blocks=2, block_size=BLOCK_SIZE)
+    (prompt,) = random_prompts((prompt_len,), seed=17)
+    max_tokens = 2 * BLOCK_SIZE - prompt_len
+    try:
+        (out,) = llm.generate([prompt], impl.SamplingParams(max_tokens=max_tokens))
+    except RuntimeError as e:
+        pytest.fail(f"a {prompt_len}-token prompt that exactly fills a 2-block pool stalled the "
+                    f"engine ({e}): it was refused admission or preempted itself although the "
+                    "free blocks were exactly enough — refuse or preempt only while the blocks "
+                    "needed exceed the free ones (`>`, not `>=`)")
+    assert llm.stats["num_preemptions"] == 0, (
+        f"a {prompt_len}-token prompt in a 2-block pool was preempted "
+        f"{llm.stats['num_preemptions']} times: preempt only while the blocks needed exceed the "
+        "free ones (`>`), not when they are equal (`>=`)")
+    assert out.output_token_ids == hf_tokens([prompt], max_tokens=max_tokens)[0]
+
+
+@pytest.mark.points(1)
+def test_a_preempted_request_waits_holding_nothing(impl):
+    """Preemption by recompute leaves the request at the front of the waiting queue with no
+    blocks, no block hashes and ``num_computed_tokens == 0`` (its K/V are gone), counted once."""
+    llm = impl.LLM(paged_model(), num_blocks=3, block_size=BLOCK_SIZE)
+    for p in random_prompts((BLOCK_SIZE, BLOCK_SIZE), seed=18):
+        llm.add_request(p, impl.SamplingParams(max_tokens=5))
+    llm.step()  # both prompts: 1 block each, 1 block left
+    llm.step()  # both decodes need a new block: request 0 takes the last, request 1 is preempted
+    victim = llm.sequences[1]
+    state = (victim.status.name, list(llm.scheduler.waiting)[:1] == [victim], victim.block_table,
+             victim.block_hashes, victim.num_computed_tokens, victim.num_preemptions)
+    assert state == ("WAITING", True, [], [], 0, 1), (
+        f"after its preemption request 1 has (status, first in waiting, block_table, "
+        f"block_hashes, num_computed_tokens, num_preemptions) = {state}, not "
+        "('WAITING', True, [], [], 0, 1): a preempted request gives back every block and must "
+        "recompute every token, so its computed count goes back to exactly 0")
