@@ -25,8 +25,9 @@ def test_bad_sampling_params_are_refused(impl):
 @pytest.mark.points(3)
 def test_bad_prompts_are_refused_and_the_engine_stays_usable(impl):
     """An empty prompt, a negative token id or one at or past the vocabulary size, a non-int
-    token, and a request longer than the pool can ever hold are refused before anything is
-    queued; the same engine then serves a good batch with transformers' tokens."""
+    token, a request longer than the pool can ever hold, and a list of sampling params shorter
+    or longer than the prompts are refused before anything is queued; the same engine then
+    serves a good batch with transformers' tokens."""
     llm = impl.LLM(paged_model(), num_blocks=6, block_size=BLOCK_SIZE)  # holds 24 tokens
     params = impl.SamplingParams(max_tokens=4)
     good = random_prompts((5, 7), seed=9)
@@ -44,6 +45,11 @@ def test_bad_prompts_are_refused_and_the_engine_stays_usable(impl):
             "check every request before queuing any")
     with pytest.raises(TypeError, match="sampling_params"):
         llm.generate(good, {"max_tokens": 4})
+    for num_params in (len(good) - 1, len(good) + 1):  # one per prompt: not fewer, not more
+        with pytest.raises(ValueError, match="sampling_params"):
+            llm.generate(good, [params] * num_params)
+        assert not llm.has_unfinished_requests(), (
+            f"{num_params} sampling params for {len(good)} prompts queued requests")
     outs = llm.generate(good, params)
     assert [o.output_token_ids for o in outs] == hf_tokens(good, 4), (
         "after refused requests the engine no longer generates transformers' tokens")
