@@ -223,15 +223,17 @@ def test_a_chunk_that_preempts_itself_leaves_the_batch_alone(impl):
 
 @pytest.mark.points(1)
 def test_max_num_seqs_caps_the_batch_above_256(impl):
-    """``max_num_seqs`` caps the running batch at any size: with ``max_num_seqs=257`` and 258
-    one-token prompts, the first step admits exactly 257 requests."""
+    """``max_num_seqs`` caps the running batch at any size, and a batch that large runs: with
+    ``max_num_seqs=257`` and 258 one-token prompts, the first step admits exactly 257 requests
+    and the second decodes exactly those 257."""
     llm = impl.LLM(paged_model(), num_blocks=260, block_size=BLOCK_SIZE,
                    max_num_batched_tokens=512, max_num_seqs=257)
     for p in random_prompts((1,) * 258, seed=20):
         llm.add_request(p, impl.SamplingParams(max_tokens=2))
-    llm.step()
-    num_scheduled = len(llm.last_scheduled)
-    assert num_scheduled == 257, (
-        f"max_num_seqs=257 but the first step scheduled {num_scheduled} requests: compare the "
-        "running count with `<`; `is not` (identity) agrees with it only for CPython's cached "
-        "small ints, up to 256")
+    for step in range(2):
+        llm.step()
+        got = sorted(s.seq_id for s, _ in llm.last_scheduled)
+        assert got == list(range(257)), (
+            f"max_num_seqs=257 but step {step} scheduled {len(got)} requests, not requests "
+            "0-256: compare counts and indices with `<`; `is not` (identity) agrees with it only "
+            "for CPython's cached small ints, up to 256")
