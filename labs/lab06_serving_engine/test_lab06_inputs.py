@@ -54,14 +54,19 @@ def test_prepare_inputs_packs_positions_slots_and_tables(impl):
 
 @pytest.mark.points(2)
 def test_block_manager_takes_ceil_blocks_all_or_nothing(impl):
-    """A request holds exactly ceil(tokens / block_size) blocks; a refused allocation takes
-    nothing; free gives every block back."""
+    """A request holds exactly ceil(tokens / block_size) blocks; it needs 0 more, never fewer,
+    for fewer tokens than it holds; a refused allocation takes nothing; free gives every block
+    back."""
     bm = impl.KVBlockManager(5, BS, enable_prefix_caching=False)
     seq = _seq(impl, 0, range(10), 0, [])
     for n, held in [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3)]:
         bm.allocate(seq, n)
         assert len(seq.block_table) == held, (
             f"holding {n} tokens takes {len(seq.block_table)} blocks, expected ceil({n}/{BS}) = {held}")
+    needed = [bm.num_blocks_needed(seq, n) for n in (1, 9, 13)]
+    assert needed == [0, 0, 1], (
+        f"a request holding 3 blocks of {BS} needs {needed} more blocks for 1, 9, 13 tokens, not "
+        "[0, 0, 1]: ceil(tokens / block_size) minus the blocks held, at least 0")
     other = _seq(impl, 1, range(12), 0, [])
     with pytest.raises(OutOfBlocksError):
         bm.allocate(other, 12)  # 3 blocks, 2 free
