@@ -118,14 +118,15 @@ def test_a_cached_prefix_needs_only_its_uncached_blocks_to_be_admitted(impl):
     (prompt,) = random_prompts((BLOCK_SIZE + 1,), seed=14)
     first = llm.sequences[llm.add_request(prompt, impl.SamplingParams(max_tokens=3))]
     llm.step()  # request 0: 5 tokens in 2 blocks, its first block now cached; 1 block free
-    shared = prompt[:BLOCK_SIZE] + [7, 9]
+    shared = prompt[:BLOCK_SIZE] + [7]  # 5 tokens: its first block is the whole cached block
     second = llm.sequences[llm.add_request(shared, impl.SamplingParams(max_tokens=2))]
     llm.step()
     got = [(s.seq_id, n) for s, n in llm.last_scheduled]
-    assert got == [(0, 1), (1, 2)], (
-        f"with 1 free block the step scheduled {got}, not [(0, 1), (1, 2)]: request 1 shares its "
-        "first block with request 0 and needs ceil(6 / 4) - 1 = 1 new block — count the blocks "
-        "to take as total blocks minus the cached ones (with `-`, not `^` or `|`)")
+    assert got == [(0, 1), (1, 1)], (
+        f"with 1 free block the step scheduled {got}, not [(0, 1), (1, 1)]: request 1 (5 tokens) "
+        "matches its first full block, which request 0 holds, and needs ceil(5 / 4) - 1 = 1 new "
+        "block — match (num_tokens - 1) // block_size blocks, and count the blocks to take as "
+        "total blocks minus the cached ones (with `-`, not `^` or `|`)")
     assert second.block_table[0] == first.block_table[0], (
         "request 1 did not reuse request 0's cached first block")
 
@@ -257,20 +258,31 @@ def test_counts_above_256_are_compared_by_value(impl):
 @pytest.mark.points(1)
 def test_a_long_shared_prefix_hits_every_cached_block(impl):
     """Each block's hash chains to the block just before it: a prompt sharing 3 full blocks with
-    a running request's computed prompt reuses all 3 blocks (a hash chained to the wrong parent
-    still matches the first two, then misses)."""
+    a running request's computed prompt reuses all 3; one that shares only the first block, then
+    differs, reuses only that one; and a shared block stays cached while any request holds it."""
     llm = impl.LLM(paged_model(), num_blocks=16, block_size=BLOCK_SIZE)
     (prompt,) = random_prompts((3 * BLOCK_SIZE + 1,), seed=22)
-    first = llm.sequences[llm.add_request(prompt, impl.SamplingParams(max_tokens=3))]
+    first = llm.sequences[llm.add_request(prompt, impl.SamplingParams(max_tokens=8))]
     llm.step()  # request 0's 13 prompt tokens computed: its 3 full blocks are cached
     shared = prompt[:3 * BLOCK_SIZE] + [5, 6]
-    second = llm.sequences[llm.add_request(shared, impl.SamplingParams(max_tokens=2))]
+    # Block 0 of request 0, a new block, then request 0's block 1: only block 0 may match.
+    gapped = prompt[:BLOCK_SIZE] + [7] * BLOCK_SIZE + prompt[BLOCK_SIZE:2 * BLOCK_SIZE] + [1]
+    ids = [llm.add_request(p, impl.SamplingParams(max_tokens=2)) for p in (shared, gapped)]
+    second, third = (llm.sequences[i] for i in ids)
     llm.step()
-    got = (second.num_cached_prompt_tokens, second.block_table[:3] == first.block_table[:3])
-    assert got == (3 * BLOCK_SIZE, True), (
-        f"(cached prompt tokens, shares request 0's first 3 blocks) = {got}, not (12, True): "
-        "cache_full_blocks must chain block i's hash to block i - 1's (seq.block_hashes[-1]), "
-        "the same chain match_prefix walks")
+    got = (second.num_cached_prompt_tokens, second.block_table[:3] == first.block_table[:3],
+           third.num_cached_prompt_tokens)
+    assert got == (3 * BLOCK_SIZE, True, BLOCK_SIZE), (
+        f"(request 1's cached tokens, shares request 0's first 3 blocks, request 2's cached "
+        f"tokens) = {got}, not (12, True, 4): cache_full_blocks must chain block i's hash to "
+        "block i - 1's (seq.block_hashes[-1]), and match_prefix must stop at the first miss")
+    llm.step()  # requests 1 and 2 finish; request 0 still holds its 3 prompt blocks
+    again = llm.sequences[llm.add_request(shared, impl.SamplingParams(max_tokens=2))]
+    llm.step()
+    assert again.num_cached_prompt_tokens == 3 * BLOCK_SIZE, (
+        f"after request 1 finished, the same prompt hit {again.num_cached_prompt_tokens} cached "
+        "tokens, not 12: free() must drop a cache entry only when nobody holds its block "
+        "(ref_count == 0); request 0 still holds them")
 
 
 @pytest.mark.points(1)
