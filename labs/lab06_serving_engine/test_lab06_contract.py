@@ -52,10 +52,12 @@ def test_sampling_params_defaults_and_seeds(impl):
         torch.manual_seed(global_seed)
         return llm.generate(prompt, params)[0].output_token_ids
 
-    seeded = impl.SamplingParams(max_tokens=8, temperature=1.5, seed=7)
-    assert sampled(seeded, 0) == sampled(seeded, 1), (
-        "a request with seed=7 sampled different tokens when torch's global seed changed: a "
-        "seeded request with temperature > 0 must sample from its own torch.Generator")
+    for temperature in (1.5, 0.5):  # above and below 1: any temperature > 0 samples
+        seeded = impl.SamplingParams(max_tokens=8, temperature=temperature, seed=7)
+        assert sampled(seeded, 0) == sampled(seeded, 1), (
+            f"a request with seed=7, temperature={temperature} sampled different tokens when "
+            "torch's global seed changed: a seeded request with temperature > 0 must sample "
+            "from its own torch.Generator")
     unseeded = impl.SamplingParams(max_tokens=8, temperature=1.5)
     assert sampled(unseeded, 3) == sampled(unseeded, 3), (
         "an unseeded sampled request is not reproducible under torch.manual_seed: seed=None "
