@@ -24,15 +24,19 @@ def test_bad_sampling_params_are_refused(impl):
 
 @pytest.mark.points(3)
 def test_bad_prompts_are_refused_and_the_engine_stays_usable(impl):
-    """An empty prompt, a token id at or past the vocabulary size, a non-int token, and a request longer
-    than the pool can ever hold are refused before anything is queued; the same engine then
+    """An empty prompt, a negative token id or one at or past the vocabulary size, a non-int
+    token, a request longer than the pool can ever hold, and a list of sampling params shorter
+    or longer than the prompts are refused before anything is queued; the same engine then
     serves a good batch with transformers' tokens."""
     llm = impl.LLM(paged_model(), num_blocks=6, block_size=BLOCK_SIZE)  # holds 24 tokens
     params = impl.SamplingParams(max_tokens=4)
     good = random_prompts((5, 7), seed=9)
-    # NOTE: 256 (= vocab_size) and 400: a range check must bound both ends, not only equality.
-    bad = [([], ValueError, r"prompts\[1\]"), ([3, 256], ValueError, r"prompts\[1\]"),
-           ([3, 400], ValueError, r"prompts\[1\]"), ([3, "4"], TypeError, r"prompts\[1\]"), ([1] * 21, SequenceTooLongError, r"prompts\[1\]")]
+    # NOTE: -1, 256 (= vocab_size) and 400: a range check must bound both ends, each exactly,
+    # not only test equality with vocab_size.
+    bad = [([], ValueError, r"prompts\[1\]"), ([3, -1], ValueError, r"prompts\[1\]"),
+           ([3, 256], ValueError, r"prompts\[1\]"), ([3, 400], ValueError, r"prompts\[1\]"),
+           ([3, "4"], TypeError, r"prompts\[1\]"),
+           ([1] * 21, SequenceTooLongError, r"prompts\[1\]")]
     for prompt, error, name in bad:
         with pytest.raises(error, match=name):
             llm.generate([good[0], prompt], params)
@@ -41,6 +45,11 @@ def test_bad_prompts_are_refused_and_the_engine_stays_usable(impl):
             "check every request before queuing any")
     with pytest.raises(TypeError, match="sampling_params"):
         llm.generate(good, {"max_tokens": 4})
+    for num_params in (len(good) - 1, len(good) + 1):  # one per prompt: not fewer, not more
+        with pytest.raises(ValueError, match="sampling_params"):
+            llm.generate(good, [params] * num_params)
+        assert not llm.has_unfinished_requests(), (
+            f"{num_params} sampling params for {len(good)} prompts queued requests")
     outs = llm.generate(good, params)
     assert [o.output_token_ids for o in outs] == hf_tokens(good, 4), (
         "after refused requests the engine no longer generates transformers' tokens")

@@ -26,7 +26,8 @@ def _seq(impl, seq_id, tokens, num_computed, block_table):
 def test_prepare_inputs_packs_positions_slots_and_tables(impl):
     """A batch of a decode, a prompt chunk with history that crosses a block boundary, and a
     fresh prompt — listed out of seq_id order, blocks scattered — gives exactly the expected
-    positions, slots (block_id * block_size + offset), PAD-padded tables, lengths and offsets."""
+    positions, slots (block_id * block_size + offset), PAD-padded tables as wide as the longest,
+    lengths and offsets."""
     decode = _seq(impl, 5, range(100, 109), 8, [7, 2, 9])      # 9 tokens, 8 computed: 1 new
     chunk = _seq(impl, 1, range(200, 215), 6, [3, 0, 11, 4])   # 15 tokens, 6 computed: 7 new
     fresh = _seq(impl, 3, range(300, 303), 0, [6])              # 3 tokens, all new
@@ -50,18 +51,28 @@ def test_prepare_inputs_packs_positions_slots_and_tables(impl):
     assert got.context_lens.tolist() == [9, 13, 3], "context_lens = num_computed_tokens + new tokens"
     assert got.query_start_loc.tolist() == [0, 1, 8, 11], "query_start_loc: offsets of each request"
     assert got.logits_indices.tolist() == [0, 7, 10], "logits_indices: each request's last new token"
+    one_block = impl.prepare_inputs([(fresh, 3)], BS)
+    assert tuple(one_block.block_tables.shape) == (1, 1), (
+        f"a batch whose longest table has 1 block gave block_tables of shape "
+        f"{tuple(one_block.block_tables.shape)}, not (1, 1): [num_seqs, max_blocks], as wide as "
+        "the longest table")
 
 
 @pytest.mark.points(2)
 def test_block_manager_takes_ceil_blocks_all_or_nothing(impl):
-    """A request holds exactly ceil(tokens / block_size) blocks; a refused allocation takes
-    nothing; free gives every block back."""
+    """A request holds exactly ceil(tokens / block_size) blocks; it needs 0 more, never fewer,
+    for fewer tokens than it holds; a refused allocation takes nothing; free gives every block
+    back."""
     bm = impl.KVBlockManager(5, BS, enable_prefix_caching=False)
     seq = _seq(impl, 0, range(10), 0, [])
     for n, held in [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3)]:
         bm.allocate(seq, n)
         assert len(seq.block_table) == held, (
             f"holding {n} tokens takes {len(seq.block_table)} blocks, expected ceil({n}/{BS}) = {held}")
+    needed = [bm.num_blocks_needed(seq, n) for n in (1, 9, 13)]
+    assert needed == [0, 0, 1], (
+        f"a request holding 3 blocks of {BS} needs {needed} more blocks for 1, 9, 13 tokens, not "
+        "[0, 0, 1]: ceil(tokens / block_size) minus the blocks held, at least 0")
     other = _seq(impl, 1, range(12), 0, [])
     with pytest.raises(OutOfBlocksError):
         bm.allocate(other, 12)  # 3 blocks, 2 free
