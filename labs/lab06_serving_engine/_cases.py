@@ -76,3 +76,19 @@ def check_block_invariants(llm) -> None:
             "was leaked (finished or preempted request not freed) or shared without a reference")
     assert bm.num_free_blocks == bm.num_blocks - len(holdings), (
         f"{bm.num_free_blocks} blocks free but {len(holdings)} of {bm.num_blocks} are held")
+
+
+def make_sequence(impl, seq_id: int, tokens, num_computed: int, block_table):
+    """A request in a given state: ``tokens`` with ``num_computed`` of them in the cache at the
+    blocks of ``block_table`` (four tokens to generate).
+
+    NOTE: made where the implementation runs (the grading worker, when isolated): the block
+    manager edits the request's lists in place.
+    """
+    from labs.lab06_serving_engine._sequence import Sequence
+    from reference.grader.proxy import given
+
+    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), impl.SamplingParams(max_tokens=4))
+    seq.num_computed_tokens = num_computed
+    seq.block_table = list(block_table)
+    return seq

@@ -7,18 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labs.lab06_serving_engine._cases import (BLOCK_SIZE, hf_tokens, mismatch_report, paged_model,
-                                              random_prompts)
-from labs.lab06_serving_engine._sequence import Sequence
-from reference.grader.proxy import given
+from labs.lab06_serving_engine._cases import (BLOCK_SIZE, hf_tokens, make_sequence, mismatch_report,
+                                              paged_model, random_prompts)
 
 
-def _seq(impl, seq_id, tokens, num_computed, block_table):
-    params = impl.SamplingParams(max_tokens=4)
-    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), params)
-    seq.num_computed_tokens = num_computed
-    seq.block_table = list(block_table)
-    return seq
 
 
 @pytest.mark.points(1)
@@ -27,7 +19,7 @@ def test_slots_are_exact_for_block_sizes_that_are_not_powers_of_two(impl, block_
     """slot = block_table[pos // block_size] * block_size + pos % block_size holds for block
     sizes 3 and 5 too, where bit tricks (``|``, ``^``, ``& (bs - 1)``) that agree with it for
     powers of two give other slots."""
-    chunk = _seq(impl, 0, range(100, 100 + 4 * block_size), block_size - 1, [6, 1, 4, 2])
+    chunk = make_sequence(impl, 0, range(100, 100 + 4 * block_size), block_size - 1, [6, 1, 4, 2])
     num_new = 2 * block_size + 2
     got = impl.prepare_inputs([(chunk, num_new)], block_size)
     positions = range(block_size - 1, block_size - 1 + num_new)

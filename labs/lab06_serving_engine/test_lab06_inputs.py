@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labs.lab06_serving_engine._sequence import Sequence, block_hash
+from labs.lab06_serving_engine._cases import make_sequence
+from labs.lab06_serving_engine._sequence import block_hash
 from reference.errors import OutOfBlocksError
 from reference.grader.proxy import given
 from reference.layout import PAD_BLOCK_ID
@@ -12,14 +13,6 @@ from reference.layout import PAD_BLOCK_ID
 BS = 4
 
 
-def _seq(impl, seq_id, tokens, num_computed, block_table):
-    # NOTE: made where the implementation runs (the grading worker, isolated): its block
-    # manager edits the request's lists in place.
-    params = impl.SamplingParams(max_tokens=4)
-    seq = given(impl, Sequence)(seq_id, list(tokens), len(tokens), params)
-    seq.num_computed_tokens = num_computed
-    seq.block_table = list(block_table)
-    return seq
 
 
 @pytest.mark.points(4)
@@ -28,9 +21,9 @@ def test_prepare_inputs_packs_positions_slots_and_tables(impl):
     fresh prompt — listed out of seq_id order, blocks scattered — gives exactly the expected
     positions, slots (block_id * block_size + offset), PAD-padded tables as wide as the longest,
     lengths and offsets."""
-    decode = _seq(impl, 5, range(100, 109), 8, [7, 2, 9])      # 9 tokens, 8 computed: 1 new
-    chunk = _seq(impl, 1, range(200, 215), 6, [3, 0, 11, 4])   # 15 tokens, 6 computed: 7 new
-    fresh = _seq(impl, 3, range(300, 303), 0, [6])              # 3 tokens, all new
+    decode = make_sequence(impl, 5, range(100, 109), 8, [7, 2, 9])      # 9 tokens, 8 computed: 1 new
+    chunk = make_sequence(impl, 1, range(200, 215), 6, [3, 0, 11, 4])   # 15 tokens, 6 computed: 7 new
+    fresh = make_sequence(impl, 3, range(300, 303), 0, [6])              # 3 tokens, all new
     got = impl.prepare_inputs([(decode, 1), (chunk, 7), (fresh, 3)], BS)
     positions = [8] + list(range(6, 13)) + [0, 1, 2]
     tables = [[7, 2, 9], [3, 0, 11, 4], [6]]
@@ -64,7 +57,7 @@ def test_block_manager_takes_ceil_blocks_all_or_nothing(impl):
     for fewer tokens than it holds; a refused allocation takes nothing; free gives every block
     back."""
     bm = impl.KVBlockManager(5, BS, enable_prefix_caching=False)
-    seq = _seq(impl, 0, range(10), 0, [])
+    seq = make_sequence(impl, 0, range(10), 0, [])
     for n, held in [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3)]:
         bm.allocate(seq, n)
         assert len(seq.block_table) == held, (
@@ -73,7 +66,7 @@ def test_block_manager_takes_ceil_blocks_all_or_nothing(impl):
     assert needed == [0, 0, 1], (
         f"a request holding 3 blocks of {BS} needs {needed} more blocks for 1, 9, 13 tokens, not "
         "[0, 0, 1]: ceil(tokens / block_size) minus the blocks held, at least 0")
-    other = _seq(impl, 1, range(12), 0, [])
+    other = make_sequence(impl, 1, range(12), 0, [])
     with pytest.raises(OutOfBlocksError):
         bm.allocate(other, 12)  # 3 blocks, 2 free
     assert other.block_table == [] and bm.num_free_blocks == 2, (
@@ -88,7 +81,7 @@ def test_prefix_cache_reuses_computed_full_blocks_only(impl):
     prompt's last token; a freed block leaves the cache."""
     bm = impl.KVBlockManager(16, BS)
     tokens = list(range(50, 60))  # 10 tokens: 2 full blocks + 2
-    a = _seq(impl, 0, tokens, 0, [])
+    a = make_sequence(impl, 0, tokens, 0, [])
     bm.allocate(a, 10)
     a.num_computed_tokens = 6
     bm.cache_full_blocks(a)
@@ -103,12 +96,12 @@ def test_prefix_cache_reuses_computed_full_blocks_only(impl):
     h1 = hash_block(h0, tokens[4:8])
     assert bm.hash_to_block == {h0: a.block_table[0], h1: a.block_table[1]}, (
         "the second block's hash must chain the first's: block_hash(parent, tokens)")
-    same = _seq(impl, 1, tokens[:8], 0, [])  # identical to a's first 8 tokens, block aligned
+    same = make_sequence(impl, 1, tokens[:8], 0, [])  # identical to a's first 8 tokens, block aligned
     ids, hashes = bm.match_prefix(same)
     assert ids == [a.block_table[0]] and hashes == [h0], (
         f"match_prefix of an 8-token prompt matched {ids}: its last token must be computed "
         "(for its logits), so at most (8 - 1) // 4 = 1 block may match")
-    longer = _seq(impl, 2, tokens[:9] + [1, 2], 0, [])
+    longer = make_sequence(impl, 2, tokens[:9] + [1, 2], 0, [])
     ids, _ = bm.match_prefix(longer)
     assert ids == a.block_table[:2], f"a longer prompt sharing 8 tokens matched {ids}"
     bm.use_prefix(longer, *bm.match_prefix(longer))

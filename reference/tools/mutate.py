@@ -331,16 +331,20 @@ def _skip_out_of_scope(db: Path, module: Path, scope: dict[str, str | None] | No
     """Marks mutants outside the lab's CPU scope (see :data:`CPU_SCOPE`) as skipped."""
     if scope is None:
         return
+    _skip_spans(db, scope_spans(module, scope), OUT_OF_SCOPE)
+
+
+def _skip_spans(db: Path, spans, reason: str) -> None:
+    """Marks every pending mutant that starts inside one of ``spans`` as skipped for ``reason``."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
-    spans = scope_spans(module, scope)
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         for item in list(work_db.pending_work_items):
             start = tuple(item.mutations[0].start_pos)
             if any(lo <= start < hi for lo, hi in spans):
                 work_db.set_result(item.job_id, WorkResult(
-                    output=OUT_OF_SCOPE, worker_outcome=WorkerOutcome.SKIPPED))
+                    output=reason, worker_outcome=WorkerOutcome.SKIPPED))
 
 
 def _annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -364,16 +368,7 @@ def _skip_annotations(db: Path, module: Path) -> None:
     NOTE: the solutions use ``from __future__ import annotations``, so annotations are never
     evaluated: ``int | None`` mutated to ``int - None`` is equivalent by construction.
     """
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import WorkerOutcome, WorkResult
-
-    spans = _annotation_spans(module)
-    with use_db(str(db), WorkDB.Mode.open) as work_db:
-        for item in list(work_db.pending_work_items):
-            start = tuple(item.mutations[0].start_pos)
-            if any(lo <= start < hi for lo, hi in spans):
-                work_db.set_result(item.job_id, WorkResult(
-                    output=ANNOTATION_SKIP, worker_outcome=WorkerOutcome.SKIPPED))
+    _skip_spans(db, _annotation_spans(module), ANNOTATION_SKIP)
 
 
 def _record(lab: str, dump: str, source: list[str], timeout: float, exclude: list[str],
