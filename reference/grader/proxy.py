@@ -50,7 +50,7 @@ from reference.grader.codec import Codec
 from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
                                       make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
-from reference.grader.worker import (FLAG_CONCURRENT, FrameReader, _describe_exception,
+from reference.grader.worker import (FLAG_CONCURRENT, PendingReply, FrameReader, _describe_exception,
                                      frame_header, write_all)
 from reference.paths import REPO_ROOT
 
@@ -203,15 +203,6 @@ class RemoteMethod:
         return f"<remote method {self._owner._type}.{self._name}>"
 
 
-class _Slot:
-    """One call in flight: its reply (set once) and an event that says "look again"."""
-
-    __slots__ = ("event", "reply")
-
-    def __init__(self) -> None:
-        self.event, self.reply = threading.Event(), None
-
-
 class WorkerClient:
     """One worker process and the calls in flight to it.
 
@@ -244,7 +235,7 @@ class WorkerClient:
         self._num_callbacks = 0  # call-backs running now
         self._handles: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self._handle_lock = threading.Lock()
-        self._pending: dict[int, _Slot] = {}
+        self._pending: dict[int, PendingReply] = {}
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._reader = FrameReader(self._in_fd)
@@ -341,7 +332,7 @@ class WorkerClient:
         args = list(args)
         kwargs = dict(kwargs) if kwargs else {}
         req_id = next(self._ids)
-        slot = _Slot()
+        slot = PendingReply()
         # NOTE: "concurrent" when another call is in flight (another thread's, or the one a
         # call-back being served here belongs to): the worker then keeps a thread reading
         # while it runs this one. A solo call costs the worker no thread wake-up.
@@ -378,7 +369,7 @@ class WorkerClient:
             _copy_back(self._decode(back, stamp), args, kwargs)
         return self._decode(payload, stamp)
 
-    def _await(self, slot: _Slot) -> None:
+    def _await(self, slot: PendingReply) -> None:
         """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""
         while True:
             slot.event.clear()  # NOTE: before the checks, so a wake-up after them is not lost
@@ -406,7 +397,7 @@ class WorkerClient:
                 continue
             slot.event.wait(0.25)
 
-    def _read_until(self, slot: _Slot) -> tuple | None:
+    def _read_until(self, slot: PendingReply) -> tuple | None:
         """Reads replies until ``slot``'s; returns early with a call-back to run."""
         while slot.reply is None and not self.dead:
             frame = self._reader.read()

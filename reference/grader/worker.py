@@ -386,8 +386,9 @@ class TrustedMethod:
         return f"<trusted method {object.__getattribute__(self._owner, '_type')}.{self._name}>"
 
 
-class _Waiter:
-    """A call-back in flight: its answer (set once) and an event."""
+class PendingReply:
+    """A request in flight (the worker's call-backs, the grader's calls): its reply, set once,
+    and an event that says "look again"."""
 
     __slots__ = ("event", "reply")
 
@@ -450,7 +451,7 @@ class Worker:
         self._local = threading.local()  # .move: tensors packed now may move to shared memory
         self._codec = Codec(self._table.handle, self._table.get, self._share, self._shared.view)
         self._table.codec, self._table.worker = self._codec, self
-        self._callbacks: dict[int, _Waiter] = {}
+        self._callbacks: dict[int, PendingReply] = {}
         # [count] while a test counts the torch calls student code makes (None otherwise).
         self._torch_calls: list[int] | None = None
         self._callback_ids = iter(range(1, 1 << 62))
@@ -552,7 +553,7 @@ class Worker:
             body = self._codec.pack([op, stub, name, list(args), dict(kwargs or {})])
         finally:
             self._local.move = False
-        waiter = self._callbacks[cb_id] = _Waiter()
+        waiter = self._callbacks[cb_id] = PendingReply()
         self._ensure_reader()  # NOTE: this thread is busy: someone must read the answer
         envelope = msgpack.packb([cb_id, "cb", body], use_bin_type=True)
         with self._send_lock:
