@@ -105,6 +105,30 @@ MODULE = '''
         return msgpack.ExtType(4, msgpack.packb([rid]))
 
 
+    def read_env(name):
+        import os
+
+        return os.environ.get(name)
+
+
+    def stray_write(t):
+        # A kernel's stray store: one element past the view's end, inside its storage.
+        flat = t.new_empty(0).set_(t.untyped_storage())
+        flat[t.storage_offset() + t.numel()] = 42
+
+
+    def fill(out, value):
+        out[...] = value
+        return out, out[0:1]
+
+
+    def crossed_by_ipc(t):
+        import sys
+
+        # NOTE: the worker runs as ``python -m reference.grader.worker``: its module is __main__
+        return sys.modules["__main__"]._WORKER[0]._shared.is_shared(t)
+
+
     def layout(t):
         return [list(t.stride()), t.storage_offset(), t.data_ptr() % 16, t.is_contiguous(),
                 t.tolist()]
@@ -334,3 +358,72 @@ def test_only_workbook_objects_are_handed_to_student_code(client):
             pool.call(obj)
     with pytest.raises(TypeError, match="cannot be passed"):
         pool.poke(_Allocator(), "folder")
+
+
+@needs_worker
+def test_a_tests_debug_variable_reaches_the_worker(client, monkeypatch):
+    """``monkeypatch.setenv("PAGEDLAB_DEBUG", ...)`` in a test is what student code reads in
+    the worker on the next call, and undoing it unsets it there too (the launchers' debug
+    checks follow it)."""
+    monkeypatch.delenv("PAGEDLAB_DEBUG", raising=False)
+    assert client.module.read_env("PAGEDLAB_DEBUG") is None
+    monkeypatch.setenv("PAGEDLAB_DEBUG", "1")
+    assert client.module.read_env("PAGEDLAB_DEBUG") == "1"
+    monkeypatch.delenv("PAGEDLAB_DEBUG")
+    assert client.module.read_env("PAGEDLAB_DEBUG") is None
+    monkeypatch.setenv("HOME", "/somewhere")  # NOTE: not forwarded: the worker keeps its own
+    assert client.module.read_env("HOME") != "/somewhere"
+
+
+@needs_worker
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_views_on_every_device_keep_layout_and_stray_writes_come_back(client, device):
+    """A strided or offset view — CUDA too, where it crosses as a copy of its whole storage —
+    reaches student code with its strides, offset and alignment, and a store past the view's
+    end (inside its storage: a kernel's stray write) is seen by the caller, as in one process,
+    so the tests' poisoned padding still catches it."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("GPU-REQ: no CUDA GPU visible to torch")
+    base = torch.arange(24, dtype=torch.float16, device=device)
+    for view in (base.view(4, 6).t(), base.view(4, 6)[:, ::2], base[1:].view(23),
+                 base.view(4, 6)[1:3]):
+        assert client.module.layout(view) == [list(view.stride()), view.storage_offset(),
+                                              view.data_ptr() % 16, view.is_contiguous(),
+                                              view.tolist()]
+    base = torch.zeros(16, dtype=torch.float32, device=device)
+    client.module.stray_write(base[2:6])
+    assert base[6].item() == 42, "a store past the view was lost on the way back"
+
+
+@needs_worker
+def test_an_argument_returned_is_the_callers_own_object(client):
+    """A launcher that writes into ``out=`` and returns it gives the test its own array back
+    (``got is out``, as in one process), with the writes in it; anything else it returns —
+    a view of it — is a new value."""
+    import numpy as np
+    import torch
+
+    for out in (np.zeros(4, np.float32), torch.zeros(4)):
+        got, part = client.module.fill(out, 3)
+        assert got is out and part is not out
+        assert list(out.tolist()) == [3, 3, 3, 3] and list(part.tolist()) == [3]
+
+
+@needs_worker
+def test_cuda_tensors_cross_by_ipc_when_each_is_its_own_allocation(client):
+    """Graded isolated (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, set by the grader), a CUDA tensor
+    a test passes crosses by CUDA IPC: the worker writes the test's own memory, no copy."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("GPU-REQ: no CUDA GPU visible to torch")
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
+        pytest.skip("needs PYTORCH_NO_CUDA_MEMORY_CACHING=1 from the process start (the grader's)")
+    base = torch.zeros(4096, device="cuda")
+    assert client.module.crossed_by_ipc(base[8:])
+    client.module.stray_write(base[8:16])
+    assert base[16].item() == 42

@@ -46,9 +46,9 @@ from typing import Any
 import msgpack
 
 from reference import errors as reference_errors
-from reference.grader.codec import Codec
-from reference.grader.sandbox import (ISOLATED_ENV, WORKER_USER, ensure_worker_user,
-                                      make_worker_home, worker_command)
+from reference.grader.codec import Codec, is_compact
+from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
+                                      ensure_worker_user, make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
 from reference.grader.worker import (FLAG_CONCURRENT, PendingReply, FrameReader, _describe_exception,
                                      frame_header, write_all)
@@ -245,6 +245,7 @@ class WorkerClient:
         self._epoch_lock = threading.Lock()
         self._local = threading.local()  # .stamp: the epoch of what is being decoded
         self._ids = itertools.count(1)
+        self._sent_env: tuple = (None,) * len(FORWARDED_ENV)  # what the worker was last told
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         self.dead: str | None = None
@@ -338,8 +339,13 @@ class WorkerClient:
         # while it runs this one. A solo call costs the worker no thread wake-up.
         flags = FLAG_CONCURRENT if self._pending else 0
         self._pending[req_id] = slot
+        message = [req_id, op, target, name, args, kwargs, flags]
+        env = tuple(map(os.environ.get, FORWARDED_ENV))
+        if env != self._sent_env:
+            self._sent_env = env  # NOTE: a test's monkeypatch.setenv, made visible to the worker
+            message.append(dict(zip(FORWARDED_ENV, env)))
         try:
-            body = self._codec.pack([req_id, op, target, name, args, kwargs, flags])
+            body = self._codec.pack(message)
         except BaseException:
             self._pending.pop(req_id, None)
             raise
@@ -367,7 +373,8 @@ class WorkerClient:
             raise _rebuild_exception(self._decode(payload, stamp))
         if back != _EMPTY_LIST:
             _copy_back(self._decode(back, stamp), args, kwargs)
-        return self._decode(payload, stamp)
+        self._local.stamp = stamp
+        return self._codec.unpack_result(payload, args, kwargs)
 
     def _await(self, slot: PendingReply) -> None:
         """Returns once ``slot`` has its reply or the worker died, reading replies if no one is."""
@@ -649,9 +656,32 @@ def _copy_back(changed: list, args: list, kwargs: dict) -> None:
             import torch
 
             with torch.no_grad():
-                target.copy_(value.to(target.device))
+                if _same_view(target, value):
+                    # A view that crossed with its whole storage: the whole storage comes back.
+                    _storage_bytes(target).copy_(_storage_bytes(value).to(target.device))
+                else:
+                    target.copy_(value.to(target.device))
         else:
             target[...] = value
+
+
+def _storage_bytes(t):
+    """The whole storage under tensor ``t``, as a flat uint8 tensor on its device."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _same_view(target, value) -> bool:
+    """True when ``value`` is a view like ``target`` (shape, stride, offset) over a storage of
+    the same size that is more than the view: the codec's form of a strided tensor."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor) and \
+        not is_compact(value) and value.dtype == target.dtype and \
+        value.shape == target.shape and value.stride() == target.stride() and \
+        value.storage_offset() == target.storage_offset() and \
+        value.untyped_storage().nbytes() == target.untyped_storage().nbytes()
 
 
 _CLIENTS: dict[str, WorkerClient] = {}

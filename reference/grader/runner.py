@@ -34,6 +34,7 @@ from typing import Protocol
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
 from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, in_process_reason
+from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
 
@@ -131,7 +132,9 @@ def run_lab_tests(
     if isolated:
         # Refuse now, saying why, rather than fail every test; the test processes learn how
         # to switch users from the variable (root or sudo).
-        env = {**(env or {}), ISOLATED_ENV: ensure_worker_user()}
+        # NOTE: CUDA_ENV: one allocation per tensor, so CUDA IPC hands the worker only the
+        # tensors a test passes it (see reference.grader.shared).
+        env = {**(env or {}), ISOLATED_ENV: ensure_worker_user(), **CUDA_ENV}
         timeout_s *= ISOLATED_TIMEOUT_FACTOR
         if test_timeout_s:
             test_timeout_s *= ISOLATED_TIMEOUT_FACTOR

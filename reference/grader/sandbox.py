@@ -27,6 +27,10 @@ WORKER_USER = os.environ.get("PAGEDLAB_WORKER_USER", "pagedlab-worker")
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LAB_IMPL", "PAGEDLAB_IMPL_DIR",
              "PAGEDLAB_TEST_DEVICE", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: Variables a test may change while it runs (``monkeypatch.setenv``) that student code reads:
+#: each request carries their values when they changed since the last one, and the worker sets
+#: them before the call, as one process would see them.
+FORWARDED_ENV = ("PAGEDLAB_DEBUG",)
 #: Set in the test process's environment (to ``root`` or ``sudo``: how to switch users) when
 #: its ``impl`` must be a worker proxy.
 ISOLATED_ENV = "PAGEDLAB_ISOLATED"
@@ -38,12 +42,9 @@ IN_PROCESS_LABS: dict[str, str] = {}
 
 
 #: Labs graded in-process when a CUDA GPU is visible (their CPU tests are graded isolated).
-GPU_IN_PROCESS_LABS = {
-    "lab04_decode_kernels": "CUDA tensors cross the boundary as host copies (no CUDA IPC yet): "
-                            "strided CUDA views arrive compacted, every launch pays two copies, "
-                            "and PAGEDLAB_DEBUG set by a test (monkeypatch.setenv) does not "
-                            "reach the worker",
-}
+#: Empty: CUDA tensors cross as copies of their whole storage (views keep their layout, a
+#: stray store comes back) and a test's PAGEDLAB_DEBUG reaches the worker (FORWARDED_ENV).
+GPU_IN_PROCESS_LABS: dict[str, str] = {}
 
 
 def in_process_reason(lab: str) -> str | None:
@@ -69,6 +70,14 @@ def _cuda_visible() -> bool:
 
 class IsolationError(RuntimeError):
     """Isolated grading is impossible here (no way to run code as another user)."""
+
+
+def _user_exists() -> bool:
+    try:
+        pwd.getpwnam(WORKER_USER)
+        return True
+    except KeyError:
+        return False
 
 
 def _is_root() -> bool:
@@ -104,7 +113,7 @@ def ensure_worker_user() -> str:
     except KeyError:
         made = subprocess.run([*prefix, "useradd", "--system", "--no-create-home", "--shell",
                                "/usr/sbin/nologin", WORKER_USER], capture_output=True, text=True)
-        if made.returncode != 0:
+        if made.returncode != 0 and not _user_exists():  # NOTE: another grader made it meanwhile
             raise IsolationError(f"could not create the user {WORKER_USER!r}: "
                                  f"{made.stderr.strip()}") from None
     from reference.paths import REPO_ROOT

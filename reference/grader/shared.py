@@ -24,14 +24,24 @@ NOTE: the worker keeps every shared storage (and its fd) until it exits, so a st
 address is never reused by an unrelated tensor that would then be taken as shared.
 NOTE: moving a storage re-points the tensor read (``set_``) and every other tensor on the old
 storage that crosses later; a view the student code keeps elsewhere and never hands over
-stays on the old storage (its writes are not seen). CUDA tensors still cross as copies: CUDA
-IPC (``torch.multiprocessing``'s ``cudaIpcGetMemHandle``) is the place to add them.
+stays on the old storage (its writes are not seen).
+
+CUDA tensors a test hands to student code cross by CUDA IPC the other way round: the trusted
+side exports the allocation under the tensor's storage (``cudaIpcGetMemHandle``) and the
+worker maps it (``cudaIpcOpenMemHandle``, once per allocation), so a kernel writes the test's
+own memory: views, offsets and stray stores are what they are in one process, at no copy.
+NOTE: an IPC handle opens a whole ``cudaMalloc`` allocation, and torch's caching allocator
+packs many tensors into one. Isolated grading therefore runs the test process with
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (see :data:`CUDA_ENV`): every tensor is its own
+allocation, and the worker can reach only tensors it was handed. An allocation shared by
+other tensors is never exported (it crosses as a copy).
 Opening another user's ``/proc/<pid>/fd`` needs root: under ``sudo`` grading tensors cross as
 copies (Lab 2 then cannot be graded isolated).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -42,6 +52,130 @@ import threading
 from typing import Any
 
 _TOKEN = re.compile(r"[0-9a-f]{32}")
+#: Set in the isolated test process: one cudaMalloc per tensor (see the module docstring).
+CUDA_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+#: The marker that starts a CUDA IPC payload (a CPU one starts with a token).
+_CUDA = "cuda-ipc"
+
+
+def _address_range(ptr: int) -> tuple[int, int]:
+    """(base, size) of the CUDA allocation holding device address ``ptr`` (driver API)."""
+    import ctypes
+
+    lib = _address_range.lib = getattr(_address_range, "lib", None) or ctypes.CDLL("libcuda.so.1")
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    status = lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                         ctypes.c_uint64(ptr))
+    if status != 0:
+        raise OSError(f"cuMemGetAddressRange failed ({status})")
+    return base.value, size.value
+
+
+def export_cuda(t) -> list | None:
+    """The trusted side: ``t``'s CUDA IPC payload, or None (send a copy).
+
+    Returns:
+        ``[marker, handle, offset of the storage in its allocation, storage bytes, device index,
+        dtype, shape, stride, byte offset]``; None when ``t`` is not a CUDA tensor with data,
+        CuPy is missing, or its allocation holds more than its own storage (the caching
+        allocator is on: exporting would hand the worker other tensors too).
+    """
+    if t.device.type != "cuda" or str(t.layout) != "torch.strided":
+        return None
+    storage = t.untyped_storage()
+    nbytes, ptr = storage.nbytes(), storage.data_ptr()
+    if nbytes == 0:
+        return None
+    try:
+        import cupy
+        import torch
+
+        base, size = _address_range(ptr)
+        if ptr != base or not nbytes <= size < nbytes + 2 ** 20:
+            # NOTE: not this storage's own allocation (the caching allocator is on): the
+            # rest could hold other tensors (2^20: below torch's smallest split of a block).
+            return None
+        with cupy.cuda.Device(t.device.index):
+            handle = cupy.cuda.runtime.ipcGetMemHandle(base)
+        wait = _order_after_current_stream(torch, t.device)
+    except Exception:  # noqa: BLE001 — no driver, no CuPy, a managed pointer: a copy
+        return None
+    return [_CUDA, bytes(handle), ptr - base, nbytes, t.device.index, wait,
+            *_view_payload("", t)[1:]]
+
+
+@contextlib.contextmanager
+def _on_stream(torch, stream):
+    """Runs the block on ``stream`` and waits for it after: the result is read (copied back to
+    the test) on another stream, which nothing orders after this one."""
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        stream.synchronize()
+
+
+_WAIT_SOURCE = r"""
+extern "C" __global__ void wait_for_flag(unsigned long long flag, int value) {
+    // The trusted process bumps the flag on its stream once its queued work is done.
+    const volatile int* f = reinterpret_cast<const volatile int*>(flag);
+    while (*f < value) { __nanosleep(2000); }
+}
+"""
+
+
+def _wait_kernel():
+    """The worker's spin-wait kernel (compiled once)."""
+    import cupy
+
+    if not hasattr(_wait_kernel, "kernel"):
+        _wait_kernel.kernel = cupy.RawKernel(_WAIT_SOURCE, "wait_for_flag")
+    return _wait_kernel.kernel
+
+
+#: device -> [flag tensor (int32, its own allocation), its IPC handle, the last value written].
+_FLAGS: dict[int, list] = {}
+
+
+def _order_after_current_stream(torch, device) -> list | None:
+    """Makes the worker's kernels come after the test's pending work on the tensor.
+
+    NOTE: nothing orders another process's kernels after this one's. On the default stream,
+    the test's work is waited for here. On a side stream (a test inside
+    ``torch.cuda.stream(s)``, whose queued work may still be writing the tensor) a counter in
+    GPU memory the worker maps is bumped on that stream instead, and the worker runs the call
+    on a stream that first waits for the counter (a one-thread spin kernel): a kernel launched
+    on torch's current stream sees the data, one launched on another stream does not — as in
+    one process. (An interprocess CUDA event would say it more directly, but the worker's
+    user failed to open one on the H100: cudaErrorMapBufferObjectFailed.)
+
+    Returns:
+        ``[flag handle, value to wait for]``, or None when everything was waited for.
+    """
+    stream = torch.cuda.current_stream(device)
+    if stream == torch.cuda.default_stream(device):
+        torch.cuda.synchronize(device)
+        return None
+    import cupy
+
+    flag = _FLAGS.get(device.index)
+    if flag is None:
+        # NOTE: zeroed and waited for on the default stream, not on the busy side stream: the
+        # worker must never read the fresh allocation's garbage as a value already written.
+        default = torch.cuda.default_stream(device)
+        with torch.cuda.stream(default):
+            tensor = torch.zeros(1, dtype=torch.int32, device=device)
+        default.synchronize()
+        base, _ = _address_range(tensor.data_ptr())
+        if base != tensor.data_ptr():
+            raise OSError("the flag is not its own allocation")
+        with cupy.cuda.Device(device.index):
+            handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(base))
+        # NOTE: no synchronisation here: it would wait for the very work the flag orders.
+        flag = _FLAGS[device.index] = [tensor, handle, 0]
+    flag[2] = (flag[2] + 1) % 2 ** 31
+    flag[0].fill_(flag[2])  # NOTE: on the test's current stream, after its pending work
+    return [flag[1], flag[2]]
 
 
 def _storage_ptr(t) -> int:
@@ -63,6 +197,12 @@ class WorkerShared:
         self._fds: dict[str, tuple[int, int]] = {}  # token -> (fd, nbytes)
         self._lock = threading.Lock()
         self.enabled = hasattr(os, "memfd_create")
+        # IPC handle -> [base address, open count]; storage address -> its handle.
+        self._cuda_maps: dict[bytes, list] = {}
+        self._cuda_ptrs: dict[int, bytes] = {}
+        self._calls = threading.local()  # .opened: the handles this thread's call mapped
+        self._streams: dict[int, Any] = {}  # device -> the stream calls wait on (call_stream)
+        self._flags: dict[bytes, int] = {}  # the trusted side's stream flags, mapped here
 
     def reference(self, t, move: bool) -> list | None:
         """Returns ``t``'s reference payload, moving its storage to shared memory if ``move``.
@@ -94,12 +234,18 @@ class WorkerShared:
 
     def is_shared(self, t) -> bool:
         """True when ``t``'s storage is shared (writes need no copy-back)."""
-        return t.device.type == "cpu" and not t.is_meta and _storage_ptr(t) in self._by_ptr
+        if t.is_meta:
+            return False
+        if t.device.type == "cuda":
+            return _storage_ptr(t) in self._cuda_ptrs
+        return t.device.type == "cpu" and _storage_ptr(t) in self._by_ptr
 
     def view(self, payload: list):
         """Rebuilds the trusted side's view of a shared storage as a view of the worker's."""
         import torch
 
+        if payload and payload[0] == _CUDA:
+            return self._import_cuda(payload)
         token, dtype, shape, stride, byte_offset = payload
         base = self._by_token.get(token) if type(token) is str else None
         if base is None:
@@ -110,6 +256,93 @@ class WorkerShared:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         return torch.empty(0, dtype=dtype).set_(base.untyped_storage(), byte_offset // itemsize,
                                                 shape, stride)
+
+    def _import_cuda(self, payload: list):
+        """Maps (once per allocation) a tensor the trusted side exported by CUDA IPC."""
+        import cupy
+        import torch
+
+        from reference.grader.codec import _torch_dtype
+
+        _, handle, offset, nbytes, device, wait, dtype, shape, stride, byte_offset = payload
+        if wait is not None:
+            self._calls.waits = [*getattr(self._calls, "waits", []), (device, wait)]
+        with self._lock:
+            entry = self._cuda_maps.get(handle)
+            if entry is None:
+                with cupy.cuda.Device(device):
+                    entry = self._cuda_maps[handle] = [
+                        cupy.cuda.runtime.ipcOpenMemHandle(handle), 0, device]
+            entry[1] += 1
+            mem = cupy.cuda.UnownedMemory(entry[0], offset + nbytes, None, device)
+            flat = torch.as_tensor(cupy.ndarray((nbytes,), cupy.uint8,
+                                                cupy.cuda.MemoryPointer(mem, offset)),
+                                   device=f"cuda:{device}")
+            self._cuda_ptrs[flat.untyped_storage().data_ptr()] = handle
+        if not hasattr(self._calls, "opened"):
+            self._calls.opened = []
+        self._calls.opened.append(handle)
+        dtype = _torch_dtype(dtype)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return torch.empty(0, dtype=dtype, device=flat.device).set_(
+            flat.untyped_storage(), byte_offset // itemsize, shape, stride)
+
+    def call_stream(self):
+        """A context for running this thread's call: on a stream that waits for the test's
+        side-stream flags (see :func:`_order_after_current_stream`), or a no-op."""
+        waits = getattr(self._calls, "waits", None)
+        if not waits:
+            return contextlib.nullcontext()
+        self._calls.waits = []
+        import torch
+
+        device = waits[0][0]
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        stream = self._streams[device]
+        import cupy
+
+        for dev, (handle, value) in waits:
+            with self._lock:
+                ptr = self._flags.get(handle)
+                if ptr is None:
+                    with cupy.cuda.Device(dev):
+                        # NOTE: the trusted side's flag lives as long as it does: kept mapped.
+                        ptr = self._flags[handle] = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+            # NOTE: one thread spinning on the flag, queued first on the call's stream
+            # (cuStreamWaitValue32 refuses IPC-mapped memory: CUDA_ERROR_NOT_SUPPORTED).
+            with cupy.cuda.Device(dev), cupy.cuda.ExternalStream(stream.cuda_stream):
+                _wait_kernel()((1,), (1,), (cupy.uint64(ptr), cupy.int32(value)))
+        return _on_stream(torch, stream)
+
+    def release_cuda(self) -> None:
+        """Unmaps what this thread's call mapped, once the GPU is done with it.
+
+        NOTE: a mapping lives one call. The trusted side frees a tensor when its test lets go of
+        it, and freeing memory another process still maps blocks in the driver; the call's
+        kernels are waited for first (they may still be running: launches are asynchronous).
+        Student code that keeps such a tensor past the call keeps an address that is gone.
+        """
+        opened = getattr(self._calls, "opened", None)
+        if not opened:
+            return
+        self._calls.opened = []
+        import cupy
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        finally:
+            with self._lock:
+                for handle in opened:
+                    entry = self._cuda_maps[handle]
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._cuda_maps[handle]
+                        for ptr in [p for p, h in self._cuda_ptrs.items() if h == handle]:
+                            del self._cuda_ptrs[ptr]
+                        with cupy.cuda.Device(entry[2]):
+                            cupy.cuda.runtime.ipcCloseMemHandle(entry[0])
 
     def _move(self, t) -> tuple[str, Any]:
         import torch
@@ -150,6 +383,8 @@ class TrustedShared:
 
     def reference(self, t) -> list | None:
         """Returns the payload of a view of a shared storage; None: send a copy."""
+        if t.device.type == "cuda":
+            return export_cuda(t)
         if t.device.type != "cpu" or t.is_meta:
             return None
         token = self._by_ptr.get(_storage_ptr(t))

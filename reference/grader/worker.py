@@ -30,7 +30,7 @@ import types
 import msgpack
 import numpy as np
 
-from reference.grader.codec import EXT_HANDLE, Codec
+from reference.grader.codec import EXT_HANDLE, Codec, is_compact
 from reference.grader.shared import WorkerShared
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
@@ -487,7 +487,7 @@ class Worker:
                     waiter.reply = request[4]
                     waiter.event.set()
             else:
-                if type(request) is list and len(request) == 7 and \
+                if type(request) is list and len(request) in (7, 8) and \
                         type(request[6]) is int and request[6] & FLAG_CONCURRENT:
                     self._ensure_reader()  # concurrent: another call may need a thread now
                 with self._state_lock:
@@ -570,15 +570,18 @@ class Worker:
             if isinstance(request, BaseException):
                 raise request
             req_id, op, target, name, args, kwargs = request[:6]
+            if len(request) == 8:
+                _set_forwarded_env(request[7])
             # NOTE: decided before the call: a pure read runs no student code.
             pure = op == "snap" or (op == "getattr" and _pure_getattr(target, name))
             originals = _array_bytes(args, kwargs)
             counter = self._torch_calls
-            if counter is not None and op in _COUNTED_OPS:
-                with _TorchCallCounter(counter):
+            with self._shared.call_stream():
+                if counter is not None and op in _COUNTED_OPS:
+                    with _TorchCallCounter(counter):
+                        result = self._run(op, target, name, args, kwargs)
+                else:
                     result = self._run(op, target, name, args, kwargs)
-            else:
-                result = self._run(op, target, name, args, kwargs)
             copyback = _changed_arrays(args, kwargs, originals) if originals else []
             # An attribute that is a tensor (a pool's cache) crosses by reference: the tests'
             # writes to it must reach the worker, and its views must alias it.
@@ -594,7 +597,7 @@ class Worker:
                     status, payload = 0, self._codec.pack(msgpack.ExtType(
                         EXT_HANDLE, self._codec.pack(self._table.handle(result))))
                 else:
-                    status, payload = 0, self._codec.pack(result)
+                    status, payload = 0, self._codec.pack_result(result, args, kwargs)
             finally:
                 self._local.move = False
         except BaseException as exc:  # noqa: BLE001 — every failure goes back as data
@@ -602,6 +605,10 @@ class Worker:
         try:
             back = self._codec.pack(copyback) if copyback else b"\x90"
         except BaseException as exc:  # noqa: BLE001
+            status, payload, back = 1, self._codec.pack(_describe_exception(exc)), b"\x90"
+        try:
+            self._shared.release_cuda()
+        except BaseException as exc:  # noqa: BLE001 — a kernel fault surfaces here
             status, payload, back = 1, self._codec.pack(_describe_exception(exc)), b"\x90"
         envelope = _pack_envelope(req_id, status, payload, back, pure)
         with self._send_lock:
@@ -703,6 +710,21 @@ def _shared_tensor(value) -> bool:
 _WORKER: list = []
 
 
+def _set_forwarded_env(env) -> None:
+    """Applies the test's changes to the variables of ``sandbox.FORWARDED_ENV`` (None: unset)."""
+    from reference.grader.sandbox import FORWARDED_ENV
+
+    if type(env) is not dict:
+        raise TypeError("malformed environment update")
+    for key, value in env.items():
+        if key not in FORWARDED_ENV or not (value is None or type(value) is str):
+            raise TypeError(f"{key!r} is not a forwarded variable")
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _is_array(value) -> bool:
     torch = sys.modules.get("torch")
     return isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor))
@@ -713,6 +735,12 @@ def _raw(value) -> bytes:
         return value.tobytes()
     if value.is_meta:
         return b""  # NOTE: a meta tensor has no data: nothing a call can write into
+    if not is_compact(value):
+        # NOTE: a view crossed with its whole storage (see codec._tensor_fields): a write
+        # past the view (a kernel's stray store) is a change the caller must see too.
+        torch = sys.modules["torch"]
+        whole = torch.empty(0, dtype=torch.uint8, device=value.device)
+        return whole.set_(value.untyped_storage()).cpu().numpy().tobytes()
     return value.detach().cpu().contiguous().reshape(-1).view(__import__("torch").uint8) \
         .numpy().tobytes()
 
