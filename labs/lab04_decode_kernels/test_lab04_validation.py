@@ -416,8 +416,8 @@ def corner_shape_errors():
     """Invalid batches just past each shape check: (name, changes, name the error must carry)."""
     f16 = torch.float16
     return {
-        "value_cache larger than key_cache": ({"value_cache": torch.zeros(12, 2, 32, 128, dtype=f16)},
-                                              "value_cache"),
+        "value_cache larger than key_cache": (
+            {"value_cache": torch.zeros(12, 2, 32, 128, dtype=f16)}, "value_cache"),
         "query head_size larger than the cache's": ({"query": torch.zeros(3, 8, 256, dtype=f16)},
                                                     "head_size"),
         "no KV heads": ({"key_cache": torch.zeros(12, 0, 16, 128, dtype=f16),
@@ -648,7 +648,8 @@ def test_split_plan_exact_lengths(impl, args, kwargs, expected):
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(max_context_len=-1), "max_context_len"), (dict(max_partition_size=556), "max_partition_size"),
+    (dict(max_context_len=-1), "max_context_len"),
+    (dict(max_partition_size=556), "max_partition_size"),
     (dict(max_partition_size=1280 + 44), "max_partition_size"), (dict(block_size=0), "block_size"),
     (dict(num_kv_heads=0), "num_kv_heads")])
 def test_split_plan_refuses_values_just_out_of_range(impl, kwargs, name):
