@@ -5,6 +5,7 @@ valid batch of CPU tensors gets as far as the last check (the device) and no fur
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,7 @@ def test_rejects_context_shorter_than_the_query(impl, kernel):
 @pytest.mark.parametrize("what, kw, name", [
     ("head_size", dict(head_size=96), "head_size"),
     ("head_size", dict(head_size=32), "head_size"),
+    ("head_size", dict(head_size=512), "head_size"),
     ("block_size", dict(block_size=12), "block_size"),
 ])
 def test_rejects_unsupported_sizes(impl, kernel, what, kw, name):
@@ -238,3 +240,161 @@ def test_plan_rejects_bad_tile_sizes(impl, kw, error, name):
     cu, ctx = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([10, 20], dtype=torch.int32)
     with pytest.raises(error, match=name):
         impl.plan_query_tiles(cu, ctx, **kw)
+
+
+# ----------------------------------------------------------------------------- corner cases
+# check_prefill_inputs on its own: each check must fire there, not be left to a later one
+# (the plan, the launch checks) that happens to refuse the same batch.
+
+
+def _direct_mistakes():
+    """(name -> (batch changes, error type, name the error must carry)) for check_prefill_inputs."""
+    base = cpu_batch()
+    q, k, v = base["query"], base["key_cache"], base["value_cache"]
+    wide = cpu_batch(head_size=128)
+    cu = base["cu_seqlens_q"]
+    storage = torch.zeros(k.numel() + 8, dtype=k.dtype)
+    return {
+        "query's heads not a multiple of the KV heads": (_break(base, "num_kv_heads"), ValueError,
+                                                         "num_kv_heads"),
+        "no KV heads": ({"key_cache": k[:, :0].clone(), "value_cache": v[:, :0].clone()},
+                        ValueError, "num_kv_heads"),
+        "no blocks": ({"key_cache": k[:0].clone(), "value_cache": v[:0].clone()}, ValueError,
+                      "key_cache"),
+        "a table 0 blocks wide": ({"block_tables": base["block_tables"][:, :0].clone()},
+                                  ValueError, "block_tables"),
+        "value_cache with one block more": ({"value_cache": torch.cat([v, v[:1]])}, ValueError,
+                                            "value_cache"),
+        "caches with a larger head_size": ({"key_cache": wide["key_cache"],
+                                            "value_cache": wide["value_cache"]}, ValueError,
+                                           "head_size"),
+        "bfloat16 caches for a float16 query": ({"key_cache": k.bfloat16(),
+                                                 "value_cache": v.bfloat16()}, TypeError,
+                                                "key_cache"),
+        "one context length too many": ({"context_lens": torch.cat([base["context_lens"],
+                                                                    base["context_lens"][:1]])},
+                                        ValueError, "context_lens"),
+        "one context length too few": ({"context_lens": base["context_lens"][:2].clone()},
+                                       ValueError, "context_lens"),
+        "cu_seqlens_q one entry too long": ({"cu_seqlens_q": torch.cat([cu, cu[-1:]])},
+                                            ValueError, "cu_seqlens_q"),
+        "cu_seqlens_q one entry too short": ({"cu_seqlens_q": cu[:3].clone()}, ValueError,
+                                             "cu_seqlens_q"),
+        "alibi_slopes with a slope too many": ({"alibi_slopes": torch.ones(9, dtype=torch.float32)},
+                                               ValueError, "alibi_slopes"),
+        "out with a token too many": ({"out": torch.zeros(29, 8, 64, dtype=q.dtype)}, ValueError,
+                                      "out"),
+        "misaligned query": (_break(base, "query_misaligned"), ValueError, "query"),
+        "misaligned key_cache": ({"key_cache": storage[1:1 + k.numel()].view(k.shape)},
+                                 ValueError, "key_cache"),
+    }
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("case", list(_direct_mistakes()))
+def test_check_prefill_inputs_itself_refuses_each_mistake(impl, case):
+    """check_prefill_inputs alone (not a later check of the launcher) refuses each mistake with
+    the documented error naming the argument, in the directions the launcher tests do not try:
+    0 KV heads, 0 blocks, a table 0 wide, a larger value_cache or cache head, 16-bit caches of
+    the other kind, one length too many or too few, a longer alibi_slopes or out, misalignment."""
+    changes, error, name = _direct_mistakes()[case]
+    batch = cpu_batch()
+    batch.update(changes)
+    try:
+        impl.check_prefill_inputs(**batch, kernel="tiled")
+    except error as e:
+        assert name in str(e), f"{case}: {e!r} does not name {name}"
+        return
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the message says which)
+        pytest.fail(f"{case}: expected {error.__name__} naming {name}, got {e!r} (a division by "
+                    "a 0 size before the check that refuses it?)")
+    pytest.fail(f"{case}: check_prefill_inputs accepted it: a check that compares with < or > "
+                "instead of !=, `and` for `or`, `is` for ==, or a loop that never runs")
+
+
+@pytest.mark.points(1)
+def test_cu_seqlens_q_shape_error_states_the_length_it_needs(impl):
+    """The cu_seqlens_q shape error states the shape it needs, (num_seqs + 1,)."""
+    batch = cpu_batch()  # 3 sequences
+    batch["cu_seqlens_q"] = batch["cu_seqlens_q"][:3].clone()
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have shape \(4,\)"):
+        impl.check_prefill_inputs(**batch, kernel="tiled")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("name, changes", [
+    ("MQA (1 KV head)", dict(num_q_heads=4, num_kv_heads=1)),
+    ("a group of 3", dict(num_q_heads=6, num_kv_heads=2)),
+    ("one sequence, a table one block wide", dict(query_lens=[3], history_lens=[2])),
+])
+def test_valid_corner_batches_pass_check_prefill_inputs(impl, name, changes):
+    """MQA, a group of 3 and a table one block wide are valid: check_prefill_inputs returns their
+    shapes instead of refusing them."""
+    batch = cpu_batch(**changes)
+    if name.startswith("one sequence"):  # one block in the cache too
+        batch["key_cache"] = batch["key_cache"][:1].clone()
+        batch["value_cache"] = batch["value_cache"][:1].clone()
+        batch["block_tables"] = torch.zeros(1, 1, dtype=torch.int32)
+    try:
+        impl.check_prefill_inputs(**batch, kernel="tiled")
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        pytest.fail(f"check_prefill_inputs refused a valid batch ({name}): {e!r}. Look for == 1 "
+                    "for == 0, or a bitwise & for %")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("cu, ctx, message", [
+    ([0, 5, 3, 9], [9, 9, 9], "cu_seqlens_q[1]=5 > cu_seqlens_q[2]=3"),
+    ([0, 0, 5, 4, 9], [1, 9, 9, 9], "cu_seqlens_q[2]=5 > cu_seqlens_q[3]=4"),
+    ([-1, 3, 8], [10, 20], "cu_seqlens_q[0] must be 0, got -1"),
+    ([0, 4, 9, 12], [9, 5, 2], "context_lens[2]=2"),
+    ([0, 5, 9, 12, 13], [9, 9, 9], "so it needs 4"),
+    ([0, 5, 9], [9, 9, 9], "so it needs 4"),
+])
+def test_plan_metadata_errors_name_the_first_bad_entry(impl, cu, ctx, message):
+    """The plan's metadata errors name the first bad entry and its value: the first decrease of
+    cu_seqlens_q (both entries, after an empty sequence and a drop of 1 too), a first entry
+    that is not 0, the first context shorter than its query (after one exactly as long), and
+    the number of entries cu_seqlens_q needs (len(context_lens) + 1) when it has more or fewer."""
+    with pytest.raises(ValueError) as info:
+        impl.plan_query_tiles(np.asarray(cu, np.int32), np.asarray(ctx, np.int32))
+    assert message in str(info.value), (
+        f"plan_query_tiles({cu}, {ctx}) said {str(info.value)!r}; it should say {message!r} "
+        "(the first bad index s found with np.argmax of the same condition, s + 1 its neighbour)")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("rows_per_token, block_m, causal, expected", [
+    (1, 1, True, [7, 6, 4, 3, 2]),
+    (2, 3, True, [7, 7, 4, 3]),
+    (1, 2, False, [7, 4, 4]),
+])
+def test_plan_counts_kv_tiles_of_one_key_exactly(impl, rows_per_token, block_m, causal, expected):
+    """With block_n = 1 a tile's KV-tile count is exactly the number of keys its last row sees:
+    history + its last token + 1 (causal), the whole context otherwise. block_m and block_n of 1
+    are valid. Two sequences: 3 new tokens after 1 of history, 2 after 5."""
+    plan = impl.plan_query_tiles(np.asarray([0, 3, 5], np.int32), np.asarray([4, 7], np.int32),
+                                 rows_per_token=rows_per_token, block_m=block_m, block_n=1,
+                                 causal=causal)
+    assert plan.num_kv_tiles.tolist() == expected, (
+        f"KV tiles {plan.num_kv_tiles.tolist()}, expected {expected}: a tile's last row is "
+        "min(row_start + block_m, num_rows) - 1, its token that // rows_per_token, and it sees "
+        "history + token + 1 keys")
+
+
+@pytest.mark.points(1)
+def test_plan_defaults_and_keyword_arguments(impl):
+    """plan_query_tiles defaults to rows_per_token=1, block_m=block_n=64, causal; plan_for_kernel
+    to causal. Every argument can be passed by name. A batch of 300 one-token sequences (more
+    than CPython's cached small ints) is planned too."""
+    cu, ctx = np.asarray([0, 3, 8], np.int32), np.asarray([10, 20], np.int32)
+    plan = impl.plan_query_tiles(cu_seqlens_q=cu, context_lens=ctx)
+    assert (plan.rows_per_token, plan.block_m, plan.block_n, plan.causal) == (1, 64, 64, True), (
+        f"defaults {(plan.rows_per_token, plan.block_m, plan.block_n, plan.causal)}")
+    plan = impl.plan_for_kernel("tiled", cu_seqlens_q=cu, context_lens=ctx, num_q_heads=8,
+                                num_kv_heads=2)
+    assert plan.causal is True, "plan_for_kernel's causal defaults to True"
+    plan = impl.plan_query_tiles(np.arange(301, dtype=np.int32), np.ones(300, np.int32))
+    assert len(plan.work) == 300, "300 one-token sequences give 300 tiles (compare lengths with !=)"
