@@ -2,7 +2,7 @@
 
 Plain values cross as values: None, bool, int, float, str, bytes; lists, tuples, dicts, sets
 of them; numpy arrays, numpy scalars and torch tensors of numeric or bool dtypes (CUDA tensors
-through host memory); numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
+by CUDA IPC where the allocation is the tensor's own, otherwise through host memory); numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
 its *own* classes, so a value from the worker is exactly what its type says (an ``int`` is an
 ``int``: a student's always-equal object cannot come back as one).
 

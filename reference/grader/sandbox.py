@@ -42,8 +42,9 @@ IN_PROCESS_LABS: dict[str, str] = {}
 
 
 #: Labs graded in-process when a CUDA GPU is visible (their CPU tests are graded isolated).
-#: Empty: CUDA tensors cross as copies of their whole storage (views keep their layout, a
-#: stray store comes back) and a test's PAGEDLAB_DEBUG reaches the worker (FORWARDED_ENV).
+#: Empty: CUDA tensors cross by CUDA IPC (reference.grader.shared: views keep their layout, a
+#: stray store lands in the test's memory) and a test's PAGEDLAB_DEBUG reaches the worker
+#: (FORWARDED_ENV).
 GPU_IN_PROCESS_LABS: dict[str, str] = {}
 
 
