@@ -22,6 +22,9 @@ try:
 except IsolationError as exc:  # not root, no sudo: nothing here can run
     CANNOT = str(exc)
 
+# NOTE: slow: every test starts a worker process (seconds each on 2 cores).
+pytestmark = pytest.mark.slow
+
 needs_worker = pytest.mark.skipif(CANNOT is not None, reason=f"isolation unavailable: {CANNOT}")
 
 MODULE = '''
@@ -427,3 +430,18 @@ def test_cuda_tensors_cross_by_ipc_when_each_is_its_own_allocation(client):
     assert client.module.crossed_by_ipc(base[8:])
     client.module.stray_write(base[8:16])
     assert base[16].item() == 42
+
+
+@needs_worker
+def test_call_each_is_the_loop_in_one_round_trip(client):
+    """``call_each(obj.method, args)`` makes the same calls in the same order as the list
+    comprehension, in one round trip; the first exception stops it, raised as the same class."""
+    from reference.grader.proxy import call_each
+
+    manager = client.module.Manager(4)
+    assert call_each(manager.take, [(0,), (2,)]) == [None, None]
+    assert [b.ref_count for b in manager.blocks] == [1, 0, 1, 0]
+    with pytest.raises(OutOfBlocksError, match="block 2 is taken"):
+        call_each(manager.take, [(1,), (2,), (3,)])
+    assert [b.ref_count for b in manager.blocks] == [1, 1, 1, 0], "the loop went on past the error"
+    assert call_each(len, [([1, 2],)]) == [2]  # a local callable: a plain loop
