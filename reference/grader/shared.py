@@ -28,7 +28,7 @@ stays on the old storage (its writes are not seen).
 
 CUDA tensors a test hands to student code cross by CUDA IPC the other way round: the trusted
 side exports the allocation under the tensor's storage (``cudaIpcGetMemHandle``) and the
-worker maps it (``cudaIpcOpenMemHandle``, once per allocation), so a kernel writes the test's
+worker maps it (``cudaIpcOpenMemHandle``) for the one call, so a kernel writes the test's
 own memory: views, offsets and stray stores are what they are in one process, at no copy.
 NOTE: an IPC handle opens a whole ``cudaMalloc`` allocation, and torch's caching allocator
 packs many tensors into one. Isolated grading therefore runs the test process with
@@ -76,7 +76,8 @@ def export_cuda(t) -> list | None:
 
     Returns:
         ``[marker, handle, offset of the storage in its allocation, storage bytes, device index,
-        dtype, shape, stride, byte offset]``; None when ``t`` is not a CUDA tensor with data,
+        stream wait (see :func:`_order_after_current_stream`), dtype, shape, stride, byte
+        offset]``; None when ``t`` is not a CUDA tensor with data,
         CuPy is missing, or its allocation holds more than its own storage (the caching
         allocator is on: exporting would hand the worker other tensors too).
     """
@@ -197,7 +198,7 @@ class WorkerShared:
         self._fds: dict[str, tuple[int, int]] = {}  # token -> (fd, nbytes)
         self._lock = threading.Lock()
         self.enabled = hasattr(os, "memfd_create")
-        # IPC handle -> [base address, open count]; storage address -> its handle.
+        # IPC handle -> [base address, open count, device]; storage address -> its handle.
         self._cuda_maps: dict[bytes, list] = {}
         self._cuda_ptrs: dict[int, bytes] = {}
         self._calls = threading.local()  # .opened: the handles this thread's call mapped
@@ -258,7 +259,8 @@ class WorkerShared:
                                                 shape, stride)
 
     def _import_cuda(self, payload: list):
-        """Maps (once per allocation) a tensor the trusted side exported by CUDA IPC."""
+        """Maps a tensor the trusted side exported by CUDA IPC (an allocation mapped once, however
+        many of the call's tensors it holds, until :meth:`release_cuda`)."""
         import cupy
         import torch
 
