@@ -2,7 +2,8 @@
 
 Plain values cross as values: None, bool, int, float, str, bytes; lists, tuples, dicts, sets
 of them; numpy arrays, numpy scalars and torch tensors of numeric or bool dtypes (CUDA tensors
-by CUDA IPC where the allocation is the tensor's own, otherwise through host memory); numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
+by CUDA IPC where the allocation is the tensor's own, otherwise through host memory);
+numpy/torch dtypes, torch devices, slices. Each side rebuilds them with
 its *own* classes, so a value from the worker is exactly what its type says (an ``int`` is an
 ``int``: a student's always-equal object cannot come back as one).
 
@@ -292,14 +293,22 @@ def _tensor_fields(torch, obj) -> list:
         # stride and offset, so the other side sees the same layout and the same alignment
         # (offset modulo 16 bytes), which Lab 4's validation checks, and a write past the
         # view (a kernel's stray store) reaches the caller's storage too.
-        # NOTE: a CUDA storage crosses through host memory (a copy each way); CUDA IPC would
-        # keep it where it is.
-        storage = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-        return [str(t.dtype), list(t.shape), storage.cpu().numpy().tobytes(), str(t.device),
-                list(t.stride()), t.storage_offset() * t.element_size()]
+        # NOTE: a CUDA storage comes here only when CUDA IPC cannot carry it (see
+        # reference.grader.shared.export_cuda): through host memory, a copy each way.
+        raw = storage_bytes(t).cpu().numpy().tobytes()
+        return [str(t.dtype), list(t.shape), raw, str(t.device), list(t.stride()),
+                t.storage_offset() * t.element_size()]
     host = t.to("cpu").contiguous().reshape(-1)
     raw = host.view(torch.uint8).numpy().tobytes() if host.numel() else b""
     return [str(t.dtype), list(t.shape), raw, str(t.device)]
+
+
+def storage_bytes(t):
+    """The whole storage under tensor ``t`` (not only its view), as a flat uint8 tensor on its
+    device: what a view crosses with."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 def is_compact(t) -> bool:
@@ -335,7 +344,7 @@ def _rebuild_tensor(fields: list):
         view = _rebuild_view(torch, dtype, shape, raw, *fields[4:])
         if device == "cpu":
             return view
-        storage = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage()).to(device)
+        storage = storage_bytes(view).to(device)
         return torch.empty(0, dtype=dtype, device=device).set_(
             storage.untyped_storage(), view.storage_offset(), view.shape, view.stride())
     if device == "meta":

@@ -46,7 +46,7 @@ from typing import Any
 import msgpack
 
 from reference import errors as reference_errors
-from reference.grader.codec import Codec, is_compact
+from reference.grader.codec import Codec, is_compact, storage_bytes
 from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
                                       ensure_worker_user, make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
@@ -679,18 +679,11 @@ def _copy_back(changed: list, args: list, kwargs: dict) -> None:
             with torch.no_grad():
                 if _same_view(target, value):
                     # A view that crossed with its whole storage: the whole storage comes back.
-                    _storage_bytes(target).copy_(_storage_bytes(value).to(target.device))
+                    storage_bytes(target).copy_(storage_bytes(value).to(target.device))
                 else:
                     target.copy_(value.to(target.device))
         else:
             target[...] = value
-
-
-def _storage_bytes(t):
-    """The whole storage under tensor ``t``, as a flat uint8 tensor on its device."""
-    import torch
-
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 def _same_view(target, value) -> bool:

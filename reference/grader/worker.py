@@ -30,7 +30,7 @@ import types
 import msgpack
 import numpy as np
 
-from reference.grader.codec import EXT_HANDLE, Codec, is_compact
+from reference.grader.codec import EXT_HANDLE, Codec, is_compact, storage_bytes
 from reference.grader.shared import WorkerShared
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
@@ -745,9 +745,7 @@ def _raw(value) -> bytes:
     if not is_compact(value):
         # NOTE: a view crossed with its whole storage (see codec._tensor_fields): a write
         # past the view (a kernel's stray store) is a change the caller must see too.
-        torch = sys.modules["torch"]
-        whole = torch.empty(0, dtype=torch.uint8, device=value.device)
-        return whole.set_(value.untyped_storage()).cpu().numpy().tobytes()
+        return storage_bytes(value).cpu().numpy().tobytes()
     return value.detach().cpu().contiguous().reshape(-1).view(__import__("torch").uint8) \
         .numpy().tobytes()
 
