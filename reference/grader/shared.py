@@ -156,27 +156,39 @@ def _order_after_current_stream(torch, device) -> list | None:
     stream = torch.cuda.current_stream(device)
     if stream == torch.cuda.default_stream(device):
         torch.cuda.synchronize(device)
+        _flag(torch, device)  # NOTE: made now, while nothing is pending (see _flag)
         return None
-    import cupy
-
-    flag = _FLAGS.get(device.index)
-    if flag is None:
-        # NOTE: zeroed and waited for on the default stream, not on the busy side stream: the
-        # worker must never read the fresh allocation's garbage as a value already written.
-        default = torch.cuda.default_stream(device)
-        with torch.cuda.stream(default):
-            tensor = torch.zeros(1, dtype=torch.int32, device=device)
-        default.synchronize()
-        base, _ = _address_range(tensor.data_ptr())
-        if base != tensor.data_ptr():
-            raise OSError("the flag is not its own allocation")
-        with cupy.cuda.Device(device.index):
-            handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(base))
-        # NOTE: no synchronisation here: it would wait for the very work the flag orders.
-        flag = _FLAGS[device.index] = [tensor, handle, 0]
+    flag = _flag(torch, device)
     flag[2] = (flag[2] + 1) % 2 ** 31
     flag[0].fill_(flag[2])  # NOTE: on the test's current stream, after its pending work
     return [flag[1], flag[2]]
+
+
+def _flag(torch, device) -> list:
+    """The device's flag: ``[int32 tensor (its own allocation), IPC handle, last value]``.
+
+    NOTE: made at the first tensor a test sends from the default stream, not at its first
+    side-stream call: making it (allocate, zero, wait for the zero: the worker must never read
+    the fresh allocation's garbage as a value already written) waited for the busy side stream
+    too (H100, 2026-11-24, on the default stream and on a stream of its own alike), so a test's
+    first side-stream call ran after the very work it must not wait for, and a kernel launched
+    on the wrong stream passed. A test whose first CUDA call is on a busy side stream still
+    pays that once: the call waits longer, it never reads too early.
+    """
+    flag = _FLAGS.get(device.index)
+    if flag is not None:
+        return flag
+    import cupy
+
+    tensor = torch.zeros(1, dtype=torch.int32, device=device)
+    torch.cuda.synchronize(device)
+    base, _ = _address_range(tensor.data_ptr())
+    if base != tensor.data_ptr():
+        raise OSError("the flag is not its own allocation")
+    with cupy.cuda.Device(device.index):
+        handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(base))
+    flag = _FLAGS[device.index] = [tensor, handle, 0]
+    return flag
 
 
 def _storage_ptr(t) -> int:
@@ -203,6 +215,7 @@ class WorkerShared:
         self._cuda_ptrs: dict[int, bytes] = {}
         self._calls = threading.local()  # .opened: the handles this thread's call mapped
         self._streams: dict[int, Any] = {}  # device -> the stream calls wait on (call_stream)
+        self._wait_ready: set[int] = set()  # devices whose wait kernel is loaded
         self._flags: dict[bytes, int] = {}  # the trusted side's stream flags, mapped here
 
     def reference(self, t, move: bool) -> list | None:
@@ -270,6 +283,13 @@ class WorkerShared:
         if wait is not None:
             self._calls.waits = [*getattr(self._calls, "waits", []), (device, wait)]
         with self._lock:
+            if device not in self._wait_ready:
+                # NOTE: compiled and loaded at the first tensor a device sends, not at the first
+                # side-stream call: NVRTC takes far longer than a test's busy side stream, and
+                # a call that waited for it would hide a launch on the wrong stream.
+                with cupy.cuda.Device(device):
+                    _wait_kernel().compile()
+                self._wait_ready.add(device)
             entry = self._cuda_maps.get(handle)
             if entry is None:
                 with cupy.cuda.Device(device):
