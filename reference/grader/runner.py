@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from reference.grader.bytecode import python_argv
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
 from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, in_process_reason
@@ -395,7 +396,7 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         # NOTE: -p no:nbval — grading runs no notebooks, and nbval's imports cost seconds per
         # child (nbformat -> jsonschema); every lab and every restart pays process start-up.
         # NOTE: -s: no user site-packages (a .pth there runs at start-up).
-        cmd = [sys.executable, "-s", "-m", "pytest", *args, "-q", "-p", "no:cacheprovider",
+        cmd = [*python_argv("pytest", *args), "-q", "-p", "no:cacheprovider",
                "-p", "no:nbval",
                "--pagedlab-log", str(log), "--rootdir", str(REPO_ROOT),
                "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors",

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reference.grader.bytecode import python_argv
+
 #: The account student code runs as.
 WORKER_USER = os.environ.get("PAGEDLAB_WORKER_USER", "pagedlab-worker")
 #: The only variables of the grader's environment a worker sees (besides its own HOME/TMPDIR).
@@ -197,5 +199,5 @@ def worker_command(module_args: list[str], how: str, home: Path) -> tuple[list[s
     # it on its own terms); the interpreter runs with -s (no user site) and -E is not used
     # since the variables above are the whole environment anyway.
     argv = [*_switch(how), "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-            sys.executable, "-s", "-m", "reference.grader.worker", *module_args]
+            *python_argv("reference.grader.worker", *module_args)]
     return argv, _popen_user(how)
