@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -99,6 +100,7 @@ def run_lab_tests(
     expected: dict[str, dict[str, object]] | None = None,
     progress: ProgressFn | None = None,
     isolated: bool = False,
+    jobs: int = 1,
 ) -> RunResult:
     """Runs the tests of each lab in its own child pytest process.
 
@@ -120,6 +122,7 @@ def run_lab_tests(
         isolated: run student code only in an unprivileged worker process
             (:mod:`reference.grader.proxy`); the tests and this log stay in the test process.
             Both time limits are then :data:`ISOLATED_TIMEOUT_FACTOR` times longer.
+        jobs: labs graded at once (each in its own child process).
 
     Returns:
         Records for every expected test of every lab (failed where no result came back).
@@ -139,15 +142,14 @@ def run_lab_tests(
         timeout_s *= ISOLATED_TIMEOUT_FACTOR
         if test_timeout_s:
             test_timeout_s *= ISOLATED_TIMEOUT_FACTOR
-    runs = []
-    for lab in labs or lab_names():
-        lab_env = env
+    def grade_lab(lab: str) -> tuple[list, str | None]:
+        lab_env, note = env, None
         reason = in_process_reason(lab) if isolated else None
         if reason:
             # NOTE: a correct submission must never lose points to the isolation itself: a lab
             # whose tests the worker cannot serve yet is graded in-process, and the report says so.
             lab_env = plain_env
-            notes.append(f"{lab}: graded in-process, not isolated ({reason})")
+            note = f"{lab}: graded in-process, not isolated ({reason})"
         want = (expected or {}).get(lab)
         hidden = [d for d in hidden_dirs(lab) if any(d.glob("test_*.py"))] \
             if include_hidden else []
@@ -169,7 +171,15 @@ def run_lab_tests(
                                    expected=_part(want, True), **common))
         if progress:
             progress.end(lab, [r for run in phases for r in run.records])
-        runs += phases
+        return phases, note
+
+    # NOTE: labs in parallel only when asked (check's solution and starter runs): a grade
+    # reports lab by lab, and an isolated lab keeps about one core busy (test process and
+    # worker take turns), so two at once use a 2-core machine.
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        graded = list(pool.map(grade_lab, labs or lab_names()))
+    runs = [run for phases, _ in graded for run in phases]
+    notes += [note for _, note in graded if note]
     records = [r for run in runs for r in run.records]
     collected = [n for run in runs for n in run.collected]
     if not collected:

@@ -49,14 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--missing", action="store_true",
                         help="with --signatures: only mutants that have no stored signature yet "
                              "(resume a run cut short: each signature is stored as it comes)")
-    parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants checked in parallel")
+    parser.add_argument("-j", "--jobs", type=int, default=2,
+                        help="mutants (and the labs of the solution and starter runs) checked "
+                             "in parallel")
     parser.add_argument("--isolated", action="store_true",
                         help="run the implementations in the unprivileged worker, as grading does")
 
 
-def check_solution(labs: list[str] | None, isolated: bool = False) -> list[str]:
-    """(a) Returns problems: solution tests that did not pass."""
-    run = run_lab_tests(labs, impl="solution", isolated=isolated)
+def check_solution(labs: list[str] | None, isolated: bool = False, jobs: int = 1) -> list[str]:
+    """(a) Returns problems: solution tests that did not pass (``jobs`` labs at once)."""
+    run = run_lab_tests(labs, impl="solution", isolated=isolated, jobs=jobs)
     bad = [r for r in run.records if r.failed]
     skipped = [r for r in run.records if r.skipped]
     print(f"(a) solutions: {len(run.records) - len(bad) - len(skipped)} passed, "
@@ -67,9 +69,10 @@ def check_solution(labs: list[str] | None, isolated: bool = False) -> list[str]:
     return [f"solution fails {r.nodeid}: {r.message}" for r in bad] + run.problems
 
 
-def check_starter(labs: list[str] | None, isolated: bool = False) -> list[str]:
-    """(b) Returns problems: starter tests that passed or failed without a TODO."""
-    run = run_lab_tests(labs, impl="starter", isolated=isolated)
+def check_starter(labs: list[str] | None, isolated: bool = False, jobs: int = 1) -> list[str]:
+    """(b) Returns problems: starter tests that passed or failed without a TODO (``jobs`` labs
+    at once)."""
+    run = run_lab_tests(labs, impl="starter", isolated=isolated, jobs=jobs)
     problems = []
     for r in run.records:
         if r.passed:
@@ -262,9 +265,9 @@ def main(args: argparse.Namespace) -> int:
         if not args.skip_contracts:
             problems += check_contracts(labs)
         if not args.skip_solution:
-            problems += check_solution(labs, args.isolated)
+            problems += check_solution(labs, args.isolated, args.jobs)
         if not args.skip_starter:
-            problems += check_starter(labs, args.isolated)
+            problems += check_starter(labs, args.isolated, args.jobs)
         if not args.skip_mutants:
             problems += check_mutants(labs, args.jobs, args.isolated)
     except GradingRunError as exc:
