@@ -42,10 +42,11 @@ def test_graded_tree_bytecode_is_never_read_but_installed_bytecode_is(tmp_path):
 
 
 def test_the_module_runs_as_main_with_its_arguments(tmp_path):
-    """``python_argv(module, *args)`` behaves as ``python -s -m module args``."""
+    """``python_argv(module, *args)`` behaves as ``python -s -m module args``: the arguments, and
+    the start folder itself (not ``''``, which would follow a later chdir) first on sys.path."""
     (tmp_path / "echo_args.py").write_text(
-        "import sys\nif __name__ == '__main__':\n    print(sys.argv[1:])\n")
+        "import sys\nif __name__ == '__main__':\n    print(sys.argv[1:], sys.path[0])\n")
     proc = subprocess.run(python_argv("echo_args", "a", "--b"), cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['a', '--b']"
+    assert proc.stdout.strip() == f"['a', '--b'] {tmp_path}"

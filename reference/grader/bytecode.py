@@ -33,6 +33,9 @@ def _cache_from_source(path, debug_override=None, *, optimization=None):
         return os.path.join(os.path.dirname(path), "__pycache__", os.path.basename(cached))
     return cached
 _external.cache_from_source = _cache_from_source
+# NOTE: -c leaves '' (whatever folder is current later) where -m puts the start folder itself.
+if sys.path and sys.path[0] == "":
+    sys.path[0] = os.getcwd()
 _module = sys.argv[1]
 sys.argv = [_module, *sys.argv[2:]]
 runpy.run_module(_module, run_name="__main__", alter_sys=True)
