@@ -159,7 +159,7 @@ def test_split_k_partitions_merge_exactly(impl, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_runs_on_the_current_torch_stream(impl, version):
     """Launched inside ``torch.cuda.stream(s)``, the kernel runs on s: it sees the query that s
-    writes after a 20 ms sleep (a kernel on any other stream would read the NaN before it).
+    writes after a 0.2 s sleep (a kernel on any other stream would read the NaN before it).
     Emulated (launches are synchronous there), every launch must be *given* torch's current
     stream: it goes through ``reference.cuda.launch``, not a direct kernel call."""
     import torch
@@ -180,7 +180,9 @@ def test_runs_on_the_current_torch_stream(impl, version):
     synchronize()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(40_000_000)  # ~20 ms of GPU time on this stream only
+        # ~0.2 s of GPU time on this stream only: longer than anything before the launch can
+        # take (graded isolated on a busy machine, a call crosses to another process first)
+        torch.cuda._sleep(400_000_000)
         case.query.copy_(true_query)
         got = impl.KERNELS[version](*case.args(), case.scale)
     stream.synchronize()

@@ -207,7 +207,9 @@ def test_launches_on_the_current_torch_stream(impl, kernel):
     synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # keep the side stream busy for tens of milliseconds
+        # ~0.2 s of GPU time on this stream only: longer than anything before the launch can
+        # take (graded isolated on a busy machine, a call crosses to another process first)
+        torch.cuda._sleep(400_000_000)
         query.copy_(real_query)
         out = fn(**{**batch, "query": query}, plan=plan)
     synchronize()
