@@ -49,6 +49,13 @@ MODULE = '''
             self.reads += 1  # a property runs code: its value must never come from a snapshot
             return self.reads
 
+        @property
+        def num_free_blocks(self):
+            return sum(1 for b in self.blocks if not b.ref_count)
+
+        def get_ref_count(self, block_id):
+            return self.blocks[block_id].ref_count
+
         def take(self, block_id):
             if self.blocks[block_id].ref_count:
                 raise OutOfBlocksError(f"block {block_id} is taken")
@@ -445,3 +452,24 @@ def test_call_each_is_the_loop_in_one_round_trip(client):
         call_each(manager.take, [(1,), (2,), (3,)])
     assert [b.ref_count for b in manager.blocks] == [1, 1, 1, 0], "the loop went on past the error"
     assert call_each(len, [([1, 2],)]) == [2]  # a local callable: a plain loop
+
+
+@needs_worker
+def test_gather_runs_a_reader_where_the_objects_live_in_one_round_trip(client):
+    """``gather(reader, obj)`` returns what ``reader(obj)`` returns in one process, in one round
+    trip; its errors come back as the same class; the worker runs only workbook code by name."""
+    from labs.lab01_block_manager._state import _ref_counts
+    from reference.grader.proxy import gather
+
+    manager = client.module.Manager(4)
+    manager.take(1)
+    first = next(client._ids)
+    assert gather(_ref_counts, manager, 4) == ([0, 1, 0, 0], 3)
+    assert next(client._ids) == first + 2, "gather took more than one round trip"
+    with pytest.raises(IndexError):
+        gather(_ref_counts, manager, 5)
+    for name in ("os:system", "tests.test_proxy:_Allocator", "labs.lab01_block_manager._state:a.b"):
+        with pytest.raises(ValueError, match="is not workbook code"):
+            client.request("gather", None, name, ["true"])
+    local = [type("M", (), {"get_ref_count": lambda self, i: i, "num_free_blocks": 7})()]
+    assert gather(_ref_counts, *local, 2) == ([0, 1], 7)  # no student object: a plain call

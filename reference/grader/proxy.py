@@ -624,6 +624,30 @@ def call_each(method: Any, arg_tuples: Any) -> list:
     return [method(*args) for args in calls]
 
 
+def gather(reader: Any, *args: Any) -> Any:
+    """Returns ``reader(*args)``, run where the student's objects live: in the worker when
+    grading isolated (one round trip), here otherwise.
+
+    For a lab's test helpers that only *read* a whole state (every block's ref count, every
+    sequence's table) for the caller to check: one trip instead of one per value read. The
+    checks stay with the caller; what comes back is what the student's objects said, as any
+    value read from them is, and crosses through the codec like any result.
+
+    Args:
+        reader: a module-level function of a ``labs.*`` or ``reference.*`` module (the
+            worker imports its own copy by name: nothing of the trusted side is sent).
+        *args: its arguments (student objects, plain values).
+
+    Returns:
+        What ``reader`` returned.
+    """
+    client = next((object.__getattribute__(a, "_client") for a in args if isinstance(a, Remote)),
+                  None)
+    if client is None:
+        return reader(*args)
+    return client.request("gather", None, f"{reader.__module__}:{reader.__qualname__}", args)
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         import signal
@@ -724,6 +748,20 @@ def prestart(lab: str) -> None:
 
     thread = _STARTING[lab] = threading.Thread(target=start, name="worker-start", daemon=True)
     thread.start()
+
+
+def prestart_for_args(args: list[str]) -> None:
+    """Prestarts the worker when pytest's command-line ``args`` name tests of one lab only.
+
+    Args:
+        args: pytest's arguments (options and their values are skipped: they name no lab).
+    """
+    from reference.paths import lab_of_path
+
+    labs = {lab_of_path(arg.split("::")[0]) for arg in args if not arg.startswith("-")}
+    labs.discard(None)
+    if len(labs) == 1:
+        prestart(labs.pop())
 
 
 def remote_impl(lab: str) -> Remote:

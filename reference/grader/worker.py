@@ -648,6 +648,14 @@ class Worker:
             import importlib
 
             return getattr(importlib.import_module(module), attr)
+        if op == "gather":
+            # proxy.gather: a lab's test helper that reads a whole state, run here in one trip.
+            module, _, attr = name.partition(":")
+            if not module.startswith(("labs.", "reference.")) or not attr.isidentifier():
+                raise ValueError(f"{name!r} is not workbook code")
+            import importlib
+
+            return getattr(importlib.import_module(module), attr)(*args)
         if op == "count_torch_calls":
             # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
             # student's code runs: here. start -> None; stop -> the count since start.
@@ -660,7 +668,8 @@ class Worker:
 
 
 #: Requests whose student code a torch-call count covers.
-_COUNTED_OPS = frozenset({"call", "callmethod", "callmany", "getattr", "setattr", "op"})
+_COUNTED_OPS = frozenset({"call", "callmethod", "callmany", "gather", "getattr", "setattr",
+                          "op"})
 
 
 def _TorchCallCounter(counter: list):  # noqa: N802 — a class made on first use (torch is heavy)
