@@ -24,7 +24,7 @@ tokens are identical (a tie closer than that would be needed to flip one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -78,6 +78,11 @@ class StepInputs:
     context_lens: torch.Tensor
     query_start_loc: torch.Tensor
     logits_indices: torch.Tensor
+
+
+def _step_fields(inputs) -> list:
+    """The fields of a :class:`StepInputs` (or of a look-alike), in order."""
+    return [getattr(inputs, f.name) for f in fields(StepInputs)]
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,13 @@ class PagedLlama:
         Returns:
             [num_seqs, vocab_size] logits at each sequence's last new token.
         """
+        if type(inputs) is not StepInputs:
+            # NOTE: every field read once, here, in one go: graded isolated, the engine's inputs
+            # live in the student's process, where each read is a round trip and a tensor copy,
+            # and every layer reads several of them.
+            from reference.grader.proxy import gather
+
+            inputs = StepInputs(*gather(_step_fields, inputs))
         kernel_step = None
         if self.attention_backend == "kernels":
             # Split into decode and prefill sequences once; every layer reuses the split.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import sys
 import threading
 
 import pytest
@@ -11,9 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from labs.lab01_block_manager._state import check_invariants, snapshot
+from labs.lab01_block_manager._state import (check_invariants, frequent_thread_switches, ref_counts,
+                                             snapshot)
 from reference.errors import BlockNotAllocatedError, OutOfBlocksError
-from reference.grader.proxy import call_each
 
 NUM_BLOCKS = 6
 
@@ -91,10 +90,10 @@ def _machine(impl):
 
         @invariant()
         def ref_counts_match_the_model(self):
-            # call_each: the same calls, in one round trip when graded isolated
-            actual = call_each(self.bm.get_ref_count, [(i,) for i in range(NUM_BLOCKS)])
+            # one round trip when graded isolated
+            actual, num_free_blocks = ref_counts(self.bm, NUM_BLOCKS)
             assert actual == self.refs, f"ref counts {actual}, expected {self.refs}"
-            assert self.bm.num_free_blocks == self.refs.count(0)
+            assert num_free_blocks == self.refs.count(0)
 
         @invariant()
         def structure_is_consistent(self):
@@ -147,16 +146,12 @@ def test_threads_never_lose_or_duplicate_blocks(impl):
         except Exception as exc:  # noqa: BLE001 — report any failure from the thread
             errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible to expose races
-    try:
+    with frequent_thread_switches(impl):  # to expose races
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(num_threads)]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
-    finally:
-        sys.setswitchinterval(old)
     assert not errors, "\n".join(errors[:5])
     held = [b for mine in owners for b in mine]
     assert len(held) == len(set(held)), "two threads were handed the same block"

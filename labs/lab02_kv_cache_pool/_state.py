@@ -8,7 +8,7 @@ import os
 import torch
 from torch.overrides import TorchFunctionMode
 
-from reference.grader.proxy import call_each
+from reference.grader.proxy import call_each, gather
 from reference.layout import PAD_BLOCK_ID, num_blocks_for
 
 DEVICE_ENV = "PAGEDLAB_TEST_DEVICE"
@@ -45,6 +45,11 @@ def poison(pool) -> None:
 
 def snapshot(pool) -> tuple:
     """Everything observable about a pool (host shadow, device tables, ref counts, cache bytes)."""
+    return gather(_snapshot, pool)
+
+
+def _snapshot(pool) -> tuple:
+    # NOTE: run through gather (where the pool lives: one round trip when graded isolated).
     bm = pool.block_manager
     return (
         tuple((s, pool.get_row(s), tuple(pool.get_block_table(s)), pool.get_context_len(s))
@@ -59,22 +64,58 @@ def snapshot(pool) -> tuple:
     )
 
 
+def tables_and_counts(pool) -> tuple[list, int, dict]:
+    """``(pool.seq_ids, pool.num_free_blocks, {seq: pool.get_block_table(seq)})``."""
+    return gather(_tables_and_counts, pool)
+
+
+def _tables_and_counts(pool) -> tuple[list, int, dict]:
+    seq_ids = list(pool.seq_ids)
+    return seq_ids, pool.num_free_blocks, {s: pool.get_block_table(s) for s in seq_ids}
+
+
+def gather_kv_each(pool, seq_ids: list[int]) -> list:
+    """``[pool.gather_kv(s) for s in seq_ids]``."""
+    return gather(_gather_kv_each, pool, seq_ids)
+
+
+def _gather_kv_each(pool, seq_ids: list[int]) -> list:
+    return [pool.gather_kv(s) for s in seq_ids]
+
+
+def _observe(pool) -> dict:
+    """What :func:`check_invariants` checks, read in one go (run through gather)."""
+    bm = pool.block_manager
+    return {
+        "tables": pool.block_tables.cpu().tolist(),
+        "lens": pool.context_lens.cpu().tolist(),
+        "seqs": [(s, pool.get_row(s), pool.get_block_table(s), pool.get_context_len(s))
+                 for s in pool.seq_ids],
+        "num_free_rows": pool.num_free_rows,
+        "refs": call_each(bm.get_ref_count, [(b,) for b in range(pool.num_blocks)]),
+        "num_free_blocks": bm.num_free_blocks,
+        "block_size": pool.block_size,
+        "max_blocks_per_seq": pool.max_blocks_per_seq,
+        "max_num_seqs": pool.max_num_seqs,
+        "num_blocks": pool.num_blocks,
+    }
+
+
 def check_invariants(pool) -> None:
     """Asserts the pool's invariants, with a message that says which one broke."""
-    tables = pool.block_tables.cpu().tolist()
-    lens = pool.context_lens.cpu().tolist()
+    state = gather(_observe, pool)
+    tables, lens, block_size = state["tables"], state["lens"], state["block_size"]
     used_rows = set()
-    holders = [0] * pool.num_blocks
-    for s in pool.seq_ids:
-        row, blocks, n = pool.get_row(s), pool.get_block_table(s), pool.get_context_len(s)
+    holders = [0] * state["num_blocks"]
+    for s, row, blocks, n in state["seqs"]:
         assert row not in used_rows, f"seq {s} shares row {row} with another sequence"
         used_rows.add(row)
-        want = num_blocks_for(n, pool.block_size)
+        want = num_blocks_for(n, block_size)
         assert len(blocks) == want, (
-            f"seq {s} holds {n} tokens in {len(blocks)} blocks; ceil({n}/{pool.block_size}) = {want}"
+            f"seq {s} holds {n} tokens in {len(blocks)} blocks; ceil({n}/{block_size}) = {want}"
         )
         assert len(set(blocks)) == len(blocks), f"seq {s} lists a block twice: {blocks}"
-        padded = blocks + [PAD_BLOCK_ID] * (pool.max_blocks_per_seq - len(blocks))
+        padded = blocks + [PAD_BLOCK_ID] * (state["max_blocks_per_seq"] - len(blocks))
         assert tables[row] == padded, (
             f"seq {s}: device block_tables[{row}] = {tables[row]}, host table {blocks} padded "
             f"with {PAD_BLOCK_ID} = {padded}"
@@ -82,23 +123,22 @@ def check_invariants(pool) -> None:
         assert lens[row] == n, f"seq {s}: context_lens[{row}] = {lens[row]}, expected {n}"
         for b in blocks:
             holders[b] += 1
-    for row in range(pool.max_num_seqs):
+    for row in range(state["max_num_seqs"]):
         if row not in used_rows:
             assert all(b == PAD_BLOCK_ID for b in tables[row]) and lens[row] == 0, (
                 f"row {row} belongs to no sequence but holds {tables[row]}, context_len "
                 f"{lens[row]} — a freed row must be all PAD_BLOCK_ID with length 0"
             )
-    assert pool.num_free_rows == pool.max_num_seqs - len(used_rows)
-    bm = pool.block_manager
-    # call_each: the same calls, in one round trip when graded isolated
-    refs = call_each(bm.get_ref_count, [(b,) for b in range(pool.num_blocks)])
-    for b in range(pool.num_blocks):
+    assert state["num_free_rows"] == state["max_num_seqs"] - len(used_rows)
+    refs = state["refs"]
+    for b in range(state["num_blocks"]):
         assert refs[b] == holders[b], (
             f"block {b}: ref_count {refs[b]} but {holders[b]} live sequences hold it "
             f"(a leaked block, or a shared block freed too early)"
         )
-    assert bm.num_free_blocks == holders.count(0), (
-        f"num_free_blocks = {bm.num_free_blocks}, but {holders.count(0)} blocks are held by nobody"
+    assert state["num_free_blocks"] == holders.count(0), (
+        f"num_free_blocks = {state['num_free_blocks']}, but {holders.count(0)} blocks are held "
+        f"by nobody"
     )
 
 

@@ -56,26 +56,42 @@ def mismatch_report(prompts, got, want) -> str:
     return "\n".join(lines)
 
 
+def _observe_blocks(llm) -> dict:
+    """What :func:`check_block_invariants` checks, read in one go (run through ``gather``:
+    where the engine lives, one round trip when graded isolated)."""
+    bm = llm.block_manager
+    return {
+        "live": [(seq.seq_id, seq.status.value, list(seq.block_table))
+                 for seq in [*llm.scheduler.running, *llm.scheduler.waiting]],
+        "waiting": [(seq.seq_id, list(seq.block_table)) for seq in llm.scheduler.waiting],
+        "refs": [bm.allocator.get_ref_count(b) for b in range(bm.num_blocks)],
+        "num_free_blocks": bm.num_free_blocks,
+        "num_blocks": bm.num_blocks,
+    }
+
+
 def check_block_invariants(llm) -> None:
     """Asserts: ref counts equal table holdings, free + used == num_blocks, no finished holder."""
-    bm = llm.block_manager
-    live = list(llm.scheduler.running) + list(llm.scheduler.waiting)
+    from reference.grader.proxy import gather
+
+    state = gather(_observe_blocks, llm)
     holdings: dict[int, int] = {}
-    for seq in live:
-        assert seq.status.value != "finished", f"request {seq.seq_id} is finished but still queued"
-        for block_id in seq.block_table:
+    for seq_id, status, block_table in state["live"]:
+        assert status != "finished", f"request {seq_id} is finished but still queued"
+        for block_id in block_table:
             holdings[block_id] = holdings.get(block_id, 0) + 1
-    for seq in llm.scheduler.waiting:
-        assert not seq.block_table, (
-            f"waiting request {seq.seq_id} holds blocks {seq.block_table}: a preempted request "
+    for seq_id, block_table in state["waiting"]:
+        assert not block_table, (
+            f"waiting request {seq_id} holds blocks {block_table}: a preempted request "
             "must give all its blocks back")
-    for block_id in range(bm.num_blocks):
-        held, ref = holdings.get(block_id, 0), bm.allocator.get_ref_count(block_id)
+    num_blocks, num_free = state["num_blocks"], state["num_free_blocks"]
+    for block_id, ref in enumerate(state["refs"]):
+        held = holdings.get(block_id, 0)
         assert held == ref, (
             f"block {block_id} has ref_count {ref} but {held} live requests hold it: a block "
             "was leaked (finished or preempted request not freed) or shared without a reference")
-    assert bm.num_free_blocks == bm.num_blocks - len(holdings), (
-        f"{bm.num_free_blocks} blocks free but {len(holdings)} of {bm.num_blocks} are held")
+    assert num_free == num_blocks - len(holdings), (
+        f"{num_free} blocks free but {len(holdings)} of {num_blocks} are held")
 
 
 def make_sequence(impl, seq_id: int, tokens, num_computed: int, block_table):
