@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -69,13 +68,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(ISOLATED_ENV):
-        # Grading isolated: the lab's worker starts now, while this process collects.
-        from reference.grader.proxy import prestart
+        # Grading isolated: the lab's worker starts now, while this process collects (the
+        # runner starts it earlier still: reference.grader.grading's first hook).
+        from reference.grader.proxy import prestart_for_args
 
-        labs = {lab_of_path(Path(arg.split("::")[0]).resolve()) for arg in config.args}
-        labs.discard(None)
-        if len(labs) == 1:
-            prestart(labs.pop())
+        prestart_for_args(config.args)
     config.addinivalue_line(
         "markers", "emulated: a kernel test that runs on the emulated device (reference/emulate.py) "
         "when PAGEDLAB_DEVICE=emulate is set")

@@ -32,13 +32,13 @@ def lab_of_path(path: str | Path) -> str | None:
 
     Lab tests live in ``labs/<lab>/``; a lab's *hidden* tests (instructor-only, see
     ``reference/grader/hidden.py``) live in ``solutions/<lab>/hidden/`` or, in a grading bundle,
-    ``hidden/<lab>/``. All three count as tests of ``<lab>``.
+    ``hidden/<lab>/``. All three count as tests of ``<lab>`` (the folders themselves too).
     """
     parts = Path(path).resolve().parts
     for i, part in enumerate(parts[:-1]):
         if part in ("labs", "hidden") and parts[i + 1].startswith("lab"):
             return parts[i + 1]
-        if (part == "solutions" and parts[i + 1].startswith("lab") and i + 3 < len(parts)
+        if (part == "solutions" and parts[i + 1].startswith("lab") and i + 2 < len(parts)
                 and parts[i + 2] == "hidden"):
             return parts[i + 1]
     return None

@@ -241,3 +241,15 @@ def test_isolated_worker_cannot_read_hidden_tests(tmp_path):
     proc, res = grade(root, "--quiet", "--isolated", env=env)
     assert res["score"] == 2, proc.stdout + proc.stderr + json.dumps(res)[-2000:]
     assert [kind for kind, _ in _phases(log)] == ["public", "hidden"]
+
+
+def test_a_hidden_folder_and_its_files_belong_to_their_lab():
+    """``lab_of_path`` names the lab of a hidden folder itself (the runner's hidden phase passes
+    the folder: its isolated worker is started from that name) and of the files in it."""
+    from reference.paths import lab_of_path
+
+    lab = "lab02_kv_cache_pool"
+    assert lab_of_path(f"solutions/{lab}/hidden") == lab
+    assert lab_of_path(f"solutions/{lab}/hidden/test_x.py") == lab
+    assert lab_of_path(f"hidden/{lab}") == lab
+    assert lab_of_path(f"solutions/{lab}/solution.py") is None

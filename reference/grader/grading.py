@@ -19,6 +19,7 @@ Loaded by the root ``conftest.py``. It
 from __future__ import annotations
 
 import json
+import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import pytest
 from reference.loader import LabImplError, describe_impl, impl_name
 from reference.paths import is_hidden_path, lab_of_path
 from reference.grader.results import TestResult, points_json
+from reference.grader.sandbox import ISOLATED_ENV
 from reference.grader.signed_log import LogWriter, take_key_from_env
 
 #: Longest failure text kept per test (Gradescope shows it to the student).
@@ -44,6 +46,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--pagedlab-log", default=None,
                     help="append signed grading events here as the run goes (for the grader)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    """Grading isolated, starts the lab's worker before the lab's ``conftest.py`` is imported
+    (Labs 2, 4-6 import torch there: seconds the worker's own start now overlaps).
+
+    NOTE: pytest calls this only for plugins named with ``-p`` (the runner does); loaded
+    through the root ``conftest.py``, the worker starts at ``pytest_configure`` instead.
+    """
+    if os.environ.get(ISOLATED_ENV):
+        from reference.grader.proxy import prestart_for_args
+
+        prestart_for_args(args)
 
 
 def pytest_configure(config: pytest.Config) -> None:

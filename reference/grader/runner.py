@@ -408,6 +408,9 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         # NOTE: -s: no user site-packages (a .pth there runs at start-up).
         cmd = [*python_argv("pytest", *args), "-q", "-p", "no:cacheprovider",
                "-p", "no:nbval",
+               # NOTE: named here (it is also the root conftest's plugin) so its first hook runs
+               # before any conftest is imported: the isolated worker starts earlier.
+               "-p", "reference.grader.grading",
                "--pagedlab-log", str(log), "--rootdir", str(REPO_ROOT),
                "-c", str(REPO_ROOT / "pyproject.toml"), "--continue-on-collection-errors",
                # Only test_*.py is a test file: pytest's default also collects *_test.py, a
