@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import random
 
+from reference.grader.proxy import gather
 from reference.llama import PagedLlama, hf_greedy_generate, make_tiny_hf_llama
 
 BLOCK_SIZE = 4
@@ -72,8 +73,6 @@ def _observe_blocks(llm) -> dict:
 
 def check_block_invariants(llm) -> None:
     """Asserts: ref counts equal table holdings, free + used == num_blocks, no finished holder."""
-    from reference.grader.proxy import gather
-
     state = gather(_observe_blocks, llm)
     holdings: dict[int, int] = {}
     for seq_id, status, block_table in state["live"]:
