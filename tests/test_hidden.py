@@ -217,6 +217,17 @@ def test_runner_phase_helpers():
     assert len(_part(want, True)) == 2 and _part(None, True) is None
 
 
+def test_a_hidden_phase_none_of_whose_tests_is_asked_for_is_skipped(tmp_path):
+    """With ``only`` (a mutant check naming public tests), a hidden folder that defines none
+    of the names starts no test process (and no worker); one that defines one does."""
+    from reference.grader.runner import _defines_any
+
+    (tmp_path / "test_lab01_hidden_b.py").write_text(
+        "def test_b():\n    pass\n\nclass TestC:\n    async def test_c(self):\n        pass\n")
+    assert _defines_any(tmp_path, ["test_b"]) and _defines_any(tmp_path, ["test_a", "test_c"])
+    assert not _defines_any(tmp_path, ["test_a", "test_bb", "test_"])
+
+
 def test_private_hidden_folder(tmp_path):
     """``_private`` removes group and other access from a hidden folder and from the bundle's
     ``hidden/`` above it."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,10 @@ def run_lab_tests(
         want = (expected or {}).get(lab)
         hidden = [d for d in hidden_dirs(lab) if any(d.glob("test_*.py"))] \
             if include_hidden else []
+        if only:
+            # NOTE: a phase none of whose tests is asked for is not started at all (a mutant
+            # check names public tests): it would only start a worker for nothing.
+            hidden = [d for d in hidden if _defines_any(d, only)]
         if isolated and not reason:
             for folder in hidden:
                 _private(folder)
@@ -195,6 +200,13 @@ def run_lab_tests(
         problems=[p for run in runs for p in run.problems],
         notes=notes,
     )
+
+
+def _defines_any(folder: Path, names: list[str]) -> bool:
+    """True when a ``test_*.py`` of ``folder`` defines a function named in ``names``."""
+    pattern = re.compile(r"^\s*(?:async\s+)?def\s+(%s)\s*\(" % "|".join(map(re.escape, names)),
+                         re.MULTILINE)
+    return any(pattern.search(f.read_text(errors="replace")) for f in folder.glob("test_*.py"))
 
 
 def _rel(path: Path) -> str:
