@@ -67,12 +67,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(ISOLATED_ENV):
-        # Grading isolated: the lab's worker starts now, while this process collects (the
-        # runner starts it earlier still: reference.grader.grading's first hook).
-        from reference.grader.proxy import prestart_for_args
-
-        prestart_for_args(config.args)
     config.addinivalue_line(
         "markers", "emulated: a kernel test that runs on the emulated device (reference/emulate.py) "
         "when PAGEDLAB_DEVICE=emulate is set")

@@ -56,10 +56,14 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     NOTE: pytest calls this only for plugins named with ``-p`` (the runner does); loaded
     through the root ``conftest.py``, the worker starts at ``pytest_configure`` instead.
     """
+    _prestart_worker(args)
+
+
+def _prestart_worker(args) -> None:
     if os.environ.get(ISOLATED_ENV):
         from reference.grader.proxy import prestart_for_args
 
-        prestart_for_args(args)
+        prestart_for_args(args)  # NOTE: once: a second call finds the worker started
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,6 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
         impl_name()
     except LabImplError as exc:
         raise pytest.UsageError(str(exc)) from None
+    # Grading isolated: the lab's worker starts now, while this process collects (unless the
+    # first hook above started it already).
+    _prestart_worker(config.args)
     config._pagedlab_records = {}  # nodeid -> TestResult
     config._pagedlab_called = set()  # nodeids whose test body ran and passed its call phase
     log_path = config.getoption("--pagedlab-log")

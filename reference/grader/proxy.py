@@ -52,7 +52,7 @@ from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
 from reference.grader.shared import TrustedShared
 from reference.grader.worker import (FLAG_CONCURRENT, PendingReply, FrameReader, _describe_exception,
                                      frame_header, write_all)
-from reference.paths import REPO_ROOT
+from reference.paths import REPO_ROOT, lab_of_path
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -756,8 +756,6 @@ def prestart_for_args(args: list[str]) -> None:
     Args:
         args: pytest's arguments (options and their values are skipped: they name no lab).
     """
-    from reference.paths import lab_of_path
-
     labs = {lab_of_path(arg.split("::")[0]) for arg in args if not arg.startswith("-")}
     labs.discard(None)
     if len(labs) == 1:

@@ -642,20 +642,10 @@ class Worker:
         if op == "given":
             # Lab plumbing (``labs.<lab>._sequence.Sequence``) that must live beside the
             # student's objects: the worker's own import of it.
-            module, _, attr = name.partition(":")
-            if not module.startswith(("labs.", "reference.")) or attr.startswith("_"):
-                raise ValueError(f"{name!r} is not given lab code")
-            import importlib
-
-            return getattr(importlib.import_module(module), attr)
+            return _workbook_attr(name, lambda attr: not attr.startswith("_"), "given lab code")
         if op == "gather":
             # proxy.gather: a lab's test helper that reads a whole state, run here in one trip.
-            module, _, attr = name.partition(":")
-            if not module.startswith(("labs.", "reference.")) or not attr.isidentifier():
-                raise ValueError(f"{name!r} is not workbook code")
-            import importlib
-
-            return getattr(importlib.import_module(module), attr)(*args)
+            return _workbook_attr(name, str.isidentifier, "workbook code")(*args)
         if op == "count_torch_calls":
             # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
             # student's code runs: here. start -> None; stop -> the count since start.
@@ -665,6 +655,22 @@ class Worker:
             counter, self._torch_calls = self._torch_calls, None
             return counter[0] if counter else 0
         raise ValueError(f"unknown request {op!r}")
+
+
+def _workbook_attr(name: str, allowed, what: str):
+    """Returns what ``module:attr`` names: the worker's own import of a ``labs.*`` or
+    ``reference.*`` module's attribute, when ``allowed(attr)``.
+
+    Raises:
+        ValueError: another module, or an attribute ``allowed`` refuses (saying it is not
+            ``what``).
+    """
+    module, _, attr = name.partition(":")
+    if not module.startswith(("labs.", "reference.")) or not allowed(attr):
+        raise ValueError(f"{name!r} is not {what}")
+    import importlib
+
+    return getattr(importlib.import_module(module), attr)
 
 
 #: Requests whose student code a torch-call count covers.
