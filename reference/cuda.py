@@ -208,7 +208,62 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
     headers = [h for d in (*dirs, INCLUDE_DIR) for h in sorted(d.glob("*.cuh"))]
     source = path.read_text() + f"\n// headers {source_digest(*headers)}\n"
     opts = BASE_OPTIONS + tuple(f"-I{d}" for d in dirs) + include_options() + tuple(options)
-    return _compile(source, opts, backend, tuple(name_expressions) if name_expressions else None)
+    names = tuple(name_expressions) if name_expressions else None
+    module = _compile(source, opts, backend, names)
+    _ORIGINS.setdefault(id(module), (module, KernelOrigin(str(path.resolve()), tuple(options),
+                                                           backend, names)))
+    return module
+
+
+class KernelOrigin(NamedTuple):
+    """Where a compiled kernel came from: enough to compile it again elsewhere.
+
+    Attributes:
+        path: the ``.cu`` file (absolute).
+        options: the extra compiler options :func:`load_module` was given (not the include
+            folders it adds itself).
+        backend: ``"nvrtc"``, ``"nvcc"`` or ``"emulate"``.
+        name_expressions: template instantiations, or None.
+    """
+
+    path: str
+    options: tuple
+    backend: str
+    name_expressions: tuple | None
+
+
+#: Every module :func:`load_module` compiled in this process, by id: (module, its origin).
+#: NOTE: the compile cache keeps the modules alive, so their ids stay theirs.
+_ORIGINS: dict[int, tuple] = {}
+
+
+def kernel_origin(kernel) -> tuple[KernelOrigin, str] | None:
+    """Returns the origin and name of a kernel :func:`load_module` compiled, or None.
+
+    Speed grading (``reference/grader/speed_record.py``) asks it of each kernel a launcher
+    launched, to compile the same file again in a process that runs no student Python.
+
+    Args:
+        kernel: a ``cupy.RawKernel`` from a module of :func:`load_module` (or the emulator's).
+
+    Returns:
+        ``(origin, kernel name)``; None for a kernel compiled some other way.
+    """
+    name = getattr(kernel, "name", None)
+    if type(kernel).__name__ == "EmulatedKernel":
+        path, options = kernel.module.source
+        return KernelOrigin(str(Path(path).resolve()), tuple(options), "emulate", None), name
+    try:
+        handle = kernel.kernel.ptr
+    except Exception:  # noqa: BLE001 — not a CuPy kernel: no origin to report
+        return None
+    for module, origin in list(_ORIGINS.values()):
+        try:
+            if module.get_function(name).kernel.ptr == handle:
+                return origin, name
+        except Exception:  # noqa: BLE001 — this module has no kernel of that name
+            continue
+    return None
 
 
 def get_kernel(cu_path: str | Path, name: str, **kwargs):

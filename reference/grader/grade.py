@@ -70,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isolated", action="store_true",
                         help="run student code only in an unprivileged worker process (the "
                              "grading mode; default with --classroom and on Gradescope)")
+    parser.add_argument("--speed", action="store_true",
+                        help="also award the kernel stages' speed points (Labs 4-5), timed on "
+                             "this GPU in a process that runs no student Python")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="award only the speed points (no tests)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -119,6 +124,30 @@ def _write_outputs(args, records, implementation, notes, labs, error=None, expec
             max_score = total_points(p for lab in labs for p in expected.get(lab, {}).values())
         write_step_output(classroom_result(records, max_score, error=error))
     return results
+
+
+def _speed(labs: list[str], isolated: bool) -> tuple[list[TestResult], list[str]]:
+    """Speed records of ``labs`` (:mod:`reference.grader.speed`) and notes; the table printed."""
+    from reference.grader.speed import format_speed_table, grade_speed, speed_records
+
+    try:
+        results = grade_speed(labs, isolated)
+    except RuntimeError as exc:
+        return [], [f"speed not graded: {exc}"]
+    if results:
+        print(format_speed_table(results), flush=True)
+    return speed_records(results), []
+
+
+def _grade_speed_only(args, impl: str, labs: list[str], notes: list[str]) -> int:
+    print(f"pagedlab grade --speed-only: timing {_describe(impl)} ...", flush=True)
+    records, more = _speed(labs, args.isolated or args.classroom)
+    notes = [*notes, *more]
+    for note in notes:
+        print(f"! {note}")
+    results = _write_outputs(args, records, f"LAB_IMPL={impl}", notes, labs)
+    print(f"\nspeed score {results['score']:g}/{results['max_score']:g} · wrote {args.results}")
+    return EXIT_CANNOT_GRADE if more else EXIT_OK
 
 
 # --- which implementation is graded: said loudly, never guessed in the workbook repository ---
@@ -244,6 +273,8 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         return EXIT_CANNOT_GRADE
     if impl == "starter":
         notes += _helper_uses(labs)
+    if args.speed_only:
+        return _grade_speed_only(args, impl, labs, notes)
     print(f"pagedlab grade: grading {_describe(impl)} ...", flush=True)
     test_timeout_s = args.timeout or None
     announce = _emulate_kernel_labs_without_gpu(labs)
@@ -268,6 +299,10 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
         return EXIT_CANNOT_GRADE
     records = run.records
     notes += run.problems + run.notes
+    if args.speed:
+        speed_records, speed_notes = _speed(labs, args.isolated or args.classroom)
+        records += speed_records
+        notes += speed_notes
     if not run.problems and not tamper and not args.no_hidden:
         last_run.store(records, labs, impl)  # lets `pagedlab status` skip unchanged labs
     if tamper and args.on_tamper == "zero":

@@ -107,7 +107,8 @@ def build_mutant(mutant: Mutant, dest: Path) -> Path:
     """
     target = dest / mutant.lab
     shutil.copytree(SOLUTIONS_DIR / mutant.lab, target,
-                    ignore=shutil.ignore_patterns("__pycache__", "mutants", "hidden"))
+                    ignore=shutil.ignore_patterns("__pycache__", "mutants", "speed_mutants",
+                                                  "hidden"))
     for edit in mutant.edits:
         path = target / edit.file
         text = path.read_text()

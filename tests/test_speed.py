@@ -1,0 +1,155 @@
+"""Infrastructure (no points): speed grading's untrusted half and its checks, on the CPU.
+
+The timing itself needs a GPU (``tests/test_speed_gpu.py``, run by ``.ci/gpu``); what can be
+proved without one is proved here: a recording names every pointer a launcher passes as an input
+or a scratch buffer, the trusted side refuses every recording it should not compile or launch,
+and points follow the tiers.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reference.grader import speed, speed_record
+from reference.grader.mutants import build_mutant
+from reference.paths import SOLUTIONS_DIR
+
+LAB4 = "lab04_decode_kernels"
+TINY_DECODE = speed.SpeedWorkload("tiny", "decode", 2, 4, 2, 40)
+
+
+def good_recording() -> dict:
+    """A recording as a split-K launcher makes one (written out, not recorded: no GPU here)."""
+    path = str(SOLUTIONS_DIR / LAB4 / "decode_v4.cu")
+    ins = ["query", "key_cache", "value_cache", "block_tables", "context_lens", "out"]
+    return {"inputs": ins,
+            "scratch": [{"nbytes": 32, "content": "00" * 32}, {"nbytes": 1 << 20, "content": None}],
+            "launches": [{"path": path, "name": "paged_decode_v4",
+                          "options": ["-DSCALAR_T=__half", "-DHEAD_SIZE=128"], "backend": "nvrtc",
+                          "name_expressions": None, "grid": [2, 2, 4], "block": [128],
+                          "shared_mem": 0,
+                          "args": [["in", "out", 0], ["scratch", 0, 0], ["scratch", 1, 64],
+                                   ["null"], ["in", "query", 0], ["i32", 3], ["f32", 0.5]]}]}
+
+
+def test_a_good_recording_passes_the_check():
+    """The check accepts what an honest launcher records (paths resolved)."""
+    checked = speed.check_recording(good_recording(), LAB4,
+                                    dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+    assert checked["launches"][0]["name"] == "paged_decode_v4"
+
+
+def _set(path, value):
+    def edit(rec):
+        target = rec
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        return rec
+    return edit
+
+
+REFUSED = {
+    "the launcher raised": (lambda rec: {"error": "ValueError: bad"}, "bad"),
+    "not a dict": (lambda rec: ["launches"], "not a dict"),
+    "no launches": (_set(["launches"], []), "launches recorded"),
+    "too many launches": (lambda rec: {**rec, "launches": rec["launches"] * 9}, "launches"),
+    "a file outside the implementation": (_set(["launches", 0, "path"], "/etc/passwd"),
+                                          "not a .cu file"),
+    "a .cu of the trusted headers' folder": (
+        _set(["launches", 0, "path"], str(SOLUTIONS_DIR.parent / "reference" / "x.cu")),
+        "not a .cu file"),
+    "a path escaping with ..": (
+        _set(["launches", 0, "path"], str(SOLUTIONS_DIR / LAB4 / ".." / ".." / "conftest.py")),
+        "not a .cu file"),
+    "an include option": (_set(["launches", 0, "options"], ["-I/etc"]), "compiler options"),
+    "an option smuggling a newline": (_set(["launches", 0, "options"], ["-DX=1\n#include"]),
+                                      "compiler options"),
+    "a template name expression": (_set(["launches", 0, "name_expressions"], ["k<int>"]),
+                                   "name expressions"),
+    "another backend": (_set(["launches", 0, "backend"], "emulate"), "NVRTC"),
+    "a kernel name that is not an identifier": (_set(["launches", 0, "name"], "k; x"),
+                                                "identifier"),
+    "a grid past CUDA's limits": (_set(["launches", 0, "grid"], [1, 70000]), "grid"),
+    "a zero block": (_set(["launches", 0, "block"], [0]), "block"),
+    "a block of 2048 threads": (_set(["launches", 0, "block"], [64, 32]), "block"),
+    "shared memory past the device's": (_set(["launches", 0, "shared_mem"], 1 << 20),
+                                        "shared memory"),
+    "an unknown argument kind": (_set(["launches", 0, "args", 0], ["ptr", 12345]),
+                                 "is not one of"),
+    "a raw pointer value": (_set(["launches", 0, "args", 0], ["u64", 140000000000000]),
+                            "is not one of"),
+    "an input that does not exist": (_set(["launches", 0, "args", 0], ["in", "secret", 0]),
+                                     "names no input"),
+    "a negative offset": (_set(["launches", 0, "args", 0], ["in", "out", -8]), "names no input"),
+    "a scratch index past the list": (_set(["launches", 0, "args", 1], ["scratch", 2, 0]),
+                                      "names no scratch"),
+    "a boolean for an int": (_set(["launches", 0, "args", 5], ["i32", True]), "not an integer"),
+    "too much scratch": (_set(["scratch", 1, "nbytes"], 8 << 30), "bytes of scratch"),
+    "content of the wrong size": (_set(["scratch", 0, "content"], "00"), "hex of its nbytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_trusted_side_refuses_a_recording_it_should_not_launch(case):
+    """A recording is the student code's word: the trusted side compiles only ``.cu`` files of
+    the graded implementation's folder, with ``-D`` options, and launches only within CUDA's
+    limits on its own inputs and scratch; anything else is refused with a reason (0 points)."""
+    edit, words = REFUSED[case]
+    bad = edit(copy.deepcopy(good_recording()))
+    with pytest.raises(speed.SpeedRecordingError, match=words):
+        speed.check_recording(bad, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+
+
+def test_points_follow_the_tiers_reached():
+    """Each tier reached earns its points; a stage not timed (wrong output, crash) earns none,
+    with the reason as every tier's message."""
+    stage = next(s for s in speed.SPEED_STAGES if s.stage == "v6")
+    (low, _), (high, _) = stage.tiers
+    between = {"lab": stage.lab, "stage": "v6", "ok": True, "us": 10.0,
+               "fraction": (low + high) / 2}
+    wrong = {"lab": stage.lab, "stage": "v6", "ok": False, "message": "pass 1: wrong output"}
+    got = speed.speed_records([between, wrong])
+    assert [r.outcome for r in got] == ["passed", "failed", "failed", "failed"]
+    assert "this tier needs" in got[1].message and "wrong output" in got[2].message
+    assert sum(r.points for r in got if r.passed) == stage.tiers[0][1]
+
+
+def test_every_speed_mutant_applies_to_its_stage(tmp_path):
+    """Every speed mutant's edits still apply to the solution, and its stage is graded."""
+    stages = {(s.lab, s.stage) for s in speed.SPEED_STAGES}
+    mutants = speed.load_speed_mutants()
+    assert {m.lab for m in mutants} == {"lab04_decode_kernels", "lab05_prefill_kernels"}
+    for m in mutants:
+        assert (m.lab, m.caught_by[0].split(":")[1]) in stages, m.name
+        build_mutant(m, tmp_path / m.name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
+def test_speed_is_refused_without_a_gpu():
+    """Speed is graded on a GPU; without one, grade_speed says so instead of scoring 0."""
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        speed.grade_speed([LAB4], isolated=False)
+
+
+@pytest.mark.slow
+def test_a_recording_names_every_pointer_as_an_input_or_scratch(monkeypatch):
+    """Recorded on the emulated device: the split-K launcher's kernel reads every input through
+    its own pointer, writes ``out`` (passed in), and its one scratch buffer (``lse``) is named
+    with its size; nothing else crosses."""
+    from reference.loader import load_impl
+
+    monkeypatch.setenv("PAGEDLAB_DEVICE", "emulate")
+    monkeypatch.setenv("LAB_IMPL", "solution")
+    rec = speed_record.record(load_impl(LAB4, "solution"), "paged_attention_v3", TINY_DECODE.spec())
+    assert "error" not in rec, rec
+    (launch,) = rec["launches"]
+    named = {a[1] for a in launch["args"] if a[0] == "in"}
+    assert named == {"query", "key_cache", "value_cache", "block_tables", "context_lens", "out"}
+    assert rec["scratch"] == [{"nbytes": 2 * 4 * 4, "content": rec["scratch"][0]["content"]}]
+    assert launch["path"].endswith("solutions/lab04_decode_kernels/decode_v3.cu")
+    rec = {**rec, "launches": [{**launch, "backend": "nvrtc"}]}
+    speed.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
