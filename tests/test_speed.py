@@ -89,6 +89,11 @@ REFUSED = {
                                       "names no scratch"),
     "a boolean for an int": (_set(["launches", 0, "args", 5], ["i32", True]), "not an integer"),
     "too much scratch": (_set(["scratch", 1, "nbytes"], 8 << 30), "bytes of scratch"),
+    "too much scratch content": (_set(["scratch", 0], {"nbytes": 65 << 20,
+                                                       "content": "00" * (65 << 20)}),
+                                 "with content"),
+    "shared memory past sm_90's 227 KiB": (_set(["launches", 0, "shared_mem"], 227 * 1024 + 16),
+                                           "shared memory"),
     "content of the wrong size": (_set(["scratch", 0, "content"], "00"), "hex of its nbytes"),
 }
 
@@ -102,6 +107,20 @@ def test_the_trusted_side_refuses_a_recording_it_should_not_launch(case):
     bad = edit(copy.deepcopy(good_recording()))
     with pytest.raises(speed.SpeedRecordingError, match=words):
         speed.check_recording(bad, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+
+
+@pytest.mark.parametrize("include", ['"/usr/include/flashinfer/attention.cuh"', '"../secret.cuh"',
+                                     "<sub/../../x.h>", "KERNEL_HEADER", '"a.cuh'])
+def test_an_include_reaching_outside_the_workbook_is_refused(tmp_path, include):
+    """Kernel sources compile only headers found by relative name without ``..`` (the lab's,
+    the workbook's and the toolkit's): an absolute or ``..`` path could pull a library's kernel
+    into the student's file, and a macro include hides where it points."""
+    (tmp_path / "ok.cuh").write_text('#include <cuda_fp16.h>\n#include "decode_common.cuh"\n'
+                                     '/*\n#include "/etc/passwd"\n*/\n')
+    speed.check_includes(tmp_path)
+    (tmp_path / "k.cu").write_text(f"// a kernel\n  #  include {include}  // here\n")
+    with pytest.raises(speed.SpeedRecordingError, match="k.cu"):
+        speed.check_includes(tmp_path)
 
 
 def test_points_follow_the_tiers_reached():

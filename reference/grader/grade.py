@@ -136,7 +136,10 @@ def _speed(labs: list[str], isolated: bool) -> tuple[list[TestResult], list[str]
         return [], [f"speed not graded: {exc}"]
     if results:
         print(format_speed_table(results), flush=True)
-    return speed_records(results), []
+    notes = [] if isolated or not results else [
+        "speed recorded without --isolated: the student's launcher ran as this user, where it "
+        "could change what is timed; a preview, not a grade"]
+    return speed_records(results), notes
 
 
 def _grade_speed_only(args, impl: str, labs: list[str], notes: list[str]) -> int:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from reference.grader.bytecode import python_argv
@@ -160,6 +162,43 @@ def grant_traverse(paths: list[Path]) -> list[Path]:
                 folder.chmod(mode | 0o001)
                 changed.append(folder)
     return changed
+
+
+def kill_worker_processes(how: str) -> None:
+    """Kills every process of :data:`WORKER_USER` (a worker's children that outlived it too).
+
+    Speed grading calls it before timing: a process the student's code left running could
+    share the GPU while the ceiling is measured.
+
+    Args:
+        how: from :func:`ensure_worker_user` (``"root"`` kills directly, ``"sudo"`` through sudo).
+    """
+    uid = pwd.getpwnam(WORKER_USER).pw_uid
+    for _ in range(50):
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit() and _owner(d) == uid]
+        if not pids:
+            return
+        if how == "root":
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        else:
+            subprocess.run(["sudo", "-n", "kill", "-KILL", *map(str, pids)], capture_output=True)
+        time.sleep(0.1)
+    raise IsolationError(f"processes of {WORKER_USER!r} survive SIGKILL")
+
+
+def _owner(pid: str) -> int | None:
+    """The uid of a live process (None once it is gone, or a zombie: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rpartition(")")[2].split()[0] == "Z":
+                return None
+        return os.stat(f"/proc/{pid}").st_uid
+    except (OSError, IndexError):
+        return None
 
 
 def _switch(how: str) -> list[str]:

@@ -24,8 +24,10 @@ import numpy as np
 from reference import cuda as rcuda
 
 #: Scratch buffers up to this size travel with their contents (a tile work list the launcher
-#: uploaded is read by the kernel); larger ones only with their size.
+#: uploaded is read by the kernel), up to MAX_CONTENT_TOTAL_BYTES in all; others only with
+#: their size.
 MAX_SCRATCH_CONTENT_BYTES = 16 << 20
+MAX_CONTENT_TOTAL_BYTES = 64 << 20
 
 
 def build_inputs(spec: dict, device: str = "cuda") -> tuple[dict, tuple]:
@@ -117,6 +119,8 @@ def describe_launches(recorded: list, kept: list, inputs: dict) -> dict:
     # arrays carry their tensors.
     hosted = [a.obj for r in recorded for a in r.args if type(a).__name__ == "HostArray"]
     for x in [*kept, *hosted]:
+        if x is not None and rcuda.is_cupy(x):
+            x = rcuda.as_torch(x)
         if x is None or not hasattr(x, "untyped_storage") or any(x is t for t in inputs.values()):
             continue
         storage = x.untyped_storage()
@@ -134,13 +138,14 @@ def describe_launches(recorded: list, kept: list, inputs: dict) -> dict:
                          "backend": origin.backend,
                          "name_expressions": (list(origin.name_expressions)
                                               if origin.name_expressions else None),
-                         "grid": list(r.grid), "block": list(r.block),
+                         "grid": [int(g) for g in r.grid], "block": [int(b) for b in r.block],
                          "shared_mem": int(r.shared_mem),
                          "args": [_arg(a, extents, storages) for a in r.args]})
-    scratch = []
+    scratch, content_bytes = [], 0
     for base, nbytes, x in storages:
         content = None
-        if nbytes <= MAX_SCRATCH_CONTENT_BYTES:
+        if nbytes <= MAX_SCRATCH_CONTENT_BYTES and content_bytes + nbytes <= MAX_CONTENT_TOTAL_BYTES:
+            content_bytes += nbytes
             import torch
 
             raw = torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage())
