@@ -425,22 +425,26 @@ def oracle(spec: dict, inputs: dict):
     return out.cpu()
 
 
-def _compare(out, ref, spec: dict) -> str | None:
-    """None when every output vector matches the oracle's, else the first wrong one.
+def _compare(out, ref, spec: dict) -> tuple[str | None, float]:
+    """Compares one launch's output with the oracle's, vector by vector.
 
     The test is relative, per (row, query head) vector: ``|out - ref| <= REL_TOLERANCE * |ref|``
     (Euclidean norms over the head dimension); NaN fails.
+
+    Returns:
+        ``(None or the first wrong vector and the error, the largest relative error)``.
     """
     got = out.double().cpu()
     rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)
     bad = ~(rel <= REL_TOLERANCE)  # NaN counts as bad
+    worst = float(rel.max())
     if not bool(bad.any()):
-        return None
+        return None, worst
     row, head = (int(i) for i in bad.nonzero()[0])
     unit = "sequence" if spec["kind"] == "decode" else "token"
     return (f"{unit} {row}, query head {head}: relative error "
             f"{float(rel[row, head]):.3g} (limit {REL_TOLERANCE}); {int(bad.sum())} of "
-            f"{bad.numel()} output vectors wrong")
+            f"{bad.numel()} output vectors wrong"), worst
 
 
 def replay(job: dict) -> dict:
@@ -450,7 +454,7 @@ def replay(job: dict) -> dict:
         job: ``{"spec", "recording" (checked), "ceiling": "copy" | "gemm", "work"}``.
 
     Returns:
-        ``{"ok", "us", "ceiling", "fraction", "message", "passes_us"}``.
+        ``{"ok", "us", "ceiling", "fraction", "message", "passes_us", "max_rel_error"}``.
     """
     import statistics
 
@@ -476,15 +480,17 @@ def replay(job: dict) -> dict:
                 for s in rec["scratch"]]
     scratch = [[torch.full((s["nbytes"],), 0xFF, dtype=torch.uint8, device="cuda")
                 for s in rec["scratch"]] for _ in range(NUM_SETS + 1)]
-    for per_set in scratch[1:]:
+    for per_set in scratch:
         for i, c in enumerate(contents):
             if c is None:
                 per_set[i] = scratch[0][i]
+            else:
+                per_set[i].copy_(c)
     ceiling = _ceiling(job["ceiling"])
     warm_set = _new_set(spec, needed + 1, needed, gen)
     warm = _argument_tuples(rec, {**shared, **warm_set, "key_cache": pools[0][0],
                                   "value_cache": pools[0][1]}, scratch[0])
-    times = []
+    times, worst = [], 0.0
     for p in range(PASSES):
         # Warm-up (module load, clocks) before the pass's inputs exist: nothing it does can
         # prepare the timed launches.
@@ -496,7 +502,7 @@ def replay(job: dict) -> dict:
         named = [{**shared, **one, "key_cache": k, "value_cache": v}
                  for one, (k, v) in zip(sets, pools[1:])]
         refs = [oracle(spec, inputs) for inputs in named]
-        for per_set in scratch[1:]:
+        for per_set in scratch:
             for buf, c in zip(per_set, contents):
                 if c is not None:
                     buf.copy_(c)
@@ -515,7 +521,8 @@ def replay(job: dict) -> dict:
         end.record()
         end.synchronize()
         for i, (one, ref) in enumerate(zip(sets, refs)):
-            wrong = _compare(one["out"], ref, spec)
+            wrong, err = _compare(one["out"], ref, spec)
+            worst = max(worst, err)
             if wrong:
                 return {"ok": False, "message": f"pass {p + 1}, launch {i + 1} of {NUM_SETS}: "
                                                 f"wrong output at {wrong}"}
@@ -526,7 +533,7 @@ def replay(job: dict) -> dict:
     us = statistics.median(times)
     fraction = job["work"] / (us * 1e-6) / ceiling
     return {"ok": True, "us": us, "ceiling": ceiling, "fraction": fraction,
-            "passes_us": times, "message": ""}
+            "passes_us": times, "max_rel_error": worst, "message": ""}
 
 
 def _ceiling(kind: str) -> float:
@@ -692,14 +699,14 @@ def load_speed_mutants(lab: str | None = None) -> list:
 
 def format_speed_table(results: list[dict]) -> str:
     """The speed results as a text table (achieved rate, the ceiling measured beside it)."""
-    lines = [f"{'lab':<22} {'stage':<6} {'workload':<8} {'µs':>8}  {'achieved / ceiling':<34} points",
+    lines = [f"{'lab':<22} {'stage':<6} {'workload':<8} {'µs':>8}  {'achieved / ceiling, max relative error':<44} points",
              "-" * 92]
     for r in results:
         if r.get("ok"):
             scale, unit = (1e9, "GB/s") if r["ceiling_kind"] == "copy" else (1e12, "TFLOP/s")
             rate = r["fraction"] * r["ceiling"] / scale
             got = (f"{r['us']:>8.1f}  {rate:.0f} / {r['ceiling'] / scale:.0f} {unit} "
-                   f"= {r['fraction']:.1%}")
+                   f"= {r['fraction']:.1%}, max err {r.get('max_rel_error', math.nan):.1e}")
         else:
             got = f"{'—':>8}  {r.get('message', '')[:120]}"
         lines.append(f"{r['lab']:<22} {r['stage']:<6} {r['workload']:<8} {got:<44} "
