@@ -172,3 +172,21 @@ def test_a_recording_names_every_pointer_as_an_input_or_scratch(monkeypatch):
     assert launch["path"].endswith("solutions/lab04_decode_kernels/decode_v3.cu")
     rec = {**rec, "launches": [{**launch, "backend": "nvrtc"}]}
     speed.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
+def test_grade_speed_only_says_it_cannot_time_without_a_gpu(tmp_path):
+    """``pagedlab grade --speed-only`` on a machine without a GPU exits 2 ("could not grade")
+    and says why, instead of reporting a speed score of 0."""
+    import os
+    import subprocess
+    import sys
+
+    from reference.paths import REPO_ROOT
+
+    done = subprocess.run([sys.executable, "-m", "reference.tools.cli", "grade", "4", "--speed-only",
+                           "--results", str(tmp_path / "r.json"), "--summary", str(tmp_path / "s.md")],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+                          env={**os.environ, "LAB_IMPL": "solution"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "speed not graded" in done.stdout and "CUDA GPU" in done.stdout
