@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from reference.grader import speed, speed_record
+from reference.grader import speed, speed_check, speed_record
 from reference.grader.mutants import build_mutant
 from reference.paths import SOLUTIONS_DIR
 
@@ -37,7 +37,7 @@ def good_recording() -> dict:
 
 def test_a_good_recording_passes_the_check():
     """The check accepts what an honest launcher records (paths resolved)."""
-    checked = speed.check_recording(good_recording(), LAB4,
+    checked = speed_check.check_recording(good_recording(), LAB4,
                                     dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
     assert checked["launches"][0]["name"] == "paged_decode_v4"
 
@@ -105,8 +105,8 @@ def test_the_trusted_side_refuses_a_recording_it_should_not_launch(case):
     limits on its own inputs and scratch; anything else is refused with a reason (0 points)."""
     edit, words = REFUSED[case]
     bad = edit(copy.deepcopy(good_recording()))
-    with pytest.raises(speed.SpeedRecordingError, match=words):
-        speed.check_recording(bad, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+    with pytest.raises(speed_check.SpeedRecordingError, match=words):
+        speed_check.check_recording(bad, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
 
 
 @pytest.mark.parametrize("include", ['"/usr/include/flashinfer/attention.cuh"', '"../secret.cuh"',
@@ -117,10 +117,10 @@ def test_an_include_reaching_outside_the_workbook_is_refused(tmp_path, include):
     into the student's file, and a macro include hides where it points."""
     (tmp_path / "ok.cuh").write_text('#include <cuda_fp16.h>\n#include "decode_common.cuh"\n'
                                      '/*\n#include "/etc/passwd"\n*/\n')
-    speed.check_includes(tmp_path)
+    speed_check.check_includes(tmp_path)
     (tmp_path / "k.cu").write_text(f"// a kernel\n  #  include {include}  // here\n")
-    with pytest.raises(speed.SpeedRecordingError, match="k.cu"):
-        speed.check_includes(tmp_path)
+    with pytest.raises(speed_check.SpeedRecordingError, match="k.cu"):
+        speed_check.check_includes(tmp_path)
 
 
 def test_points_follow_the_tiers_reached():
@@ -171,7 +171,7 @@ def test_a_recording_names_every_pointer_as_an_input_or_scratch(monkeypatch):
     assert rec["scratch"] == [{"nbytes": 2 * 4 * 4, "content": rec["scratch"][0]["content"]}]
     assert launch["path"].endswith("solutions/lab04_decode_kernels/decode_v3.cu")
     rec = {**rec, "launches": [{**launch, "backend": "nvrtc"}]}
-    speed.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+    speed_check.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")

@@ -9,7 +9,7 @@ once on inputs of the workload's exact shapes with :func:`reference.cuda.capture
 (nothing runs on the device) and returns the launches as plain data.
 
 NOTE: everything returned is the student code's word. The trusted side checks it
-(:func:`reference.grader.speed.check_recording`), compiles the named files itself from the
+(:func:`reference.grader.speed_check.check_recording`), compiles the named files itself from the
 submission, and accepts a time only for launches whose every output it has compared with a
 float64 oracle: a wrong description costs the stage its points, it cannot earn any.
 """
