@@ -84,6 +84,16 @@ def oracle(spec: dict, inputs: dict):
 
     Decode: one query token per sequence attends to its whole context; prefill: each new
     token attends causally to the history and the new tokens up to itself.
+
+    Args:
+        spec: the workload (lengths, heads, scale).
+        inputs: ``query`` [num_rows, num_q_heads, head_size] (a row per sequence for decode,
+            per new token for prefill), ``key_cache`` / ``value_cache`` [num_blocks,
+            num_kv_heads, block_size, head_size], ``block_tables`` [num_seqs,
+            max_blocks_per_seq].
+
+    Returns:
+        [num_rows, num_q_heads, head_size] float64, on the host.
     """
     import torch
 
