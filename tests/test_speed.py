@@ -37,9 +37,15 @@ def good_recording() -> dict:
 
 def test_a_good_recording_passes_the_check():
     """The check accepts what an honest launcher records (paths resolved)."""
-    checked = speed_check.check_recording(good_recording(), LAB4,
-                                    dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
+    rec = good_recording()
+    rec["inputs"].append(b"bytes")  # not a name: dropped
+    rec["launches"][0]["extra"] = {1, 2}  # not a field: dropped (the job must be plain JSON)
+    checked = speed_check.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
     assert checked["launches"][0]["name"] == "paged_decode_v4"
+    assert "extra" not in checked["launches"][0] and b"bytes" not in checked["inputs"]
+    import json
+
+    json.dumps(checked)
 
 
 def _set(path, value):
@@ -95,6 +101,11 @@ REFUSED = {
     "shared memory past sm_90's 227 KiB": (_set(["launches", 0, "shared_mem"], 227 * 1024 + 16),
                                            "shared memory"),
     "content of the wrong size": (_set(["scratch", 0, "content"], "00"), "hex of its nbytes"),
+    "content that is not hex": (_set(["scratch", 0, "content"], "zz" * 32), "malformed"),
+    "an unhashable argument kind": (_set(["launches", 0, "args", 0], [{}, 1, 2]), "malformed"),
+    "a NUL in the path": (_set(["launches", 0, "path"], "/tmp/a\x00.cu"), "malformed|not a .cu"),
+    "a 300-character file name": (_set(["launches", 0, "path"], "/tmp/" + "a" * 300 + ".cu"),
+                                  "malformed|not a .cu"),
 }
 
 
@@ -109,18 +120,53 @@ def test_the_trusted_side_refuses_a_recording_it_should_not_launch(case):
         speed_check.check_recording(bad, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
 
 
-@pytest.mark.parametrize("include", ['"/usr/include/flashinfer/attention.cuh"', '"../secret.cuh"',
-                                     "<sub/../../x.h>", "KERNEL_HEADER", '"a.cuh'])
-def test_an_include_reaching_outside_the_workbook_is_refused(tmp_path, include):
+BAD_SOURCES = {
+    "an absolute path": '#include "/usr/include/flashinfer/attention.cuh"\n',
+    "a .. path": '#include "../secret.cuh"\n',
+    "a .. inside angle brackets": "#include <sub/../../x.h>\n",
+    "a macro include": "#define H <x.h>\n#include H\n",
+    "an unterminated name": '#include "a.cuh\n',
+    "the %: digraph": '%:include "/etc/passwd"\n',
+    "include_next": "#include_next <x.h>\n",
+    "import": '#import "/etc/passwd"\n',
+    "a comment trick": '// /*\n#include "/etc/passwd"\n// */\n',
+    "a line continuation": '#inc\\\nlude "/etc/passwd"\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SOURCES))
+def test_a_source_that_could_read_outside_the_workbook_is_refused(tmp_path, case):
     """Kernel sources compile only headers found by relative name without ``..`` (the lab's,
-    the workbook's and the toolkit's): an absolute or ``..`` path could pull a library's kernel
-    into the student's file, and a macro include hides where it points."""
-    (tmp_path / "ok.cuh").write_text('#include <cuda_fp16.h>\n#include "decode_common.cuh"\n'
-                                     '/*\n#include "/etc/passwd"\n*/\n')
+    the workbook's and the toolkit's): an absolute or ``..`` path could pull another kernel into
+    the student's file or echo a file the grader can read, and a macro include hides where it
+    points. Every file of the folder is read, comments included, however the directive is
+    spelled."""
+    (tmp_path / "ok.cuh").write_text('#include <cuda_fp16.h>\n  #  include "decode_common.cuh"  // x\n')
     speed_check.check_includes(tmp_path)
-    (tmp_path / "k.cu").write_text(f"// a kernel\n  #  include {include}  // here\n")
+    (tmp_path / "k.cu").write_text("// a kernel\n" + BAD_SOURCES[case])
     with pytest.raises(speed_check.SpeedRecordingError, match="k.cu"):
         speed_check.check_includes(tmp_path)
+
+
+def test_headers_of_any_name_in_subfolders_and_links_are_checked(tmp_path):
+    """A ``.inc`` in a subfolder is read like a ``.cu``; a symbolic link is refused outright."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.inc").write_text('#include "/etc/passwd"\n')
+    with pytest.raises(speed_check.SpeedRecordingError, match="x.inc"):
+        speed_check.check_includes(tmp_path)
+    (tmp_path / "sub" / "x.inc").unlink()
+    (tmp_path / "link.cuh").symlink_to("/etc/hostname")
+    with pytest.raises(speed_check.SpeedRecordingError, match="symbolic link"):
+        speed_check.check_includes(tmp_path)
+
+
+def test_a_stage_may_launch_only_its_own_kernel_files():
+    """v3's points are for v3's kernel: a v3 launcher that launches v6's kernel is refused."""
+    rec = good_recording()
+    stage_files = ("decode_v3.cu", "decode_reduce.cu")
+    with pytest.raises(speed_check.SpeedRecordingError, match="not this stage's kernel file"):
+        speed_check.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),),
+                                    files=stage_files)
 
 
 def test_points_follow_the_tiers_reached():

@@ -126,31 +126,40 @@ def _write_outputs(args, records, implementation, notes, labs, error=None, expec
     return results
 
 
-def _speed(labs: list[str], isolated: bool) -> tuple[list[TestResult], list[str]]:
-    """Speed records of ``labs`` (:mod:`reference.grader.speed`) and notes; the table printed."""
+def _speed(labs: list[str], isolated: bool) -> tuple[list[TestResult], list[str], str | None]:
+    """Speed records of ``labs`` (:mod:`reference.grader.speed`), notes, and the reason speed
+    could not be graded (None when it was); prints the table."""
     from reference.grader.speed import format_speed_table, grade_speed, speed_records
 
     try:
+        if isolated:
+            from reference.grader.sandbox import ensure_worker_user
+
+            ensure_worker_user()  # NOTE: once, up front: without it every stage would score 0
         results = grade_speed(labs, isolated)
-    except RuntimeError as exc:
-        return [], [f"speed not graded: {exc}"]
+    except (RuntimeError, IsolationError) as exc:
+        return [], [], f"speed not graded: {exc}"
     if results:
         print(format_speed_table(results), flush=True)
     notes = [] if isolated or not results else [
         "speed recorded without --isolated: the student's launcher ran as this user, where it "
         "could change what is timed; a preview, not a grade"]
-    return speed_records(results), notes
+    return speed_records(results), notes, None
 
 
-def _grade_speed_only(args, impl: str, labs: list[str], notes: list[str]) -> int:
+def _grade_speed_only(args, impl: str, labs: list[str], notes: list[str], tamper: Tamper) -> int:
     print(f"pagedlab grade --speed-only: timing {_describe(impl)} ...", flush=True)
-    records, more = _speed(labs, args.isolated or args.classroom)
+    records, more, error = _speed(labs, args.isolated or args.classroom)
+    if tamper and args.on_tamper == "zero":
+        _zero(records, tamper.labs_affected(labs), tamper.files())
     notes = [*notes, *more]
-    for note in notes:
+    for note in [*notes, *([error] if error else [])]:
         print(f"! {note}")
-    results = _write_outputs(args, records, f"LAB_IMPL={impl}", notes, labs)
+    results = _write_outputs(args, records, f"LAB_IMPL={impl}", notes, labs, error=error)
     print(f"\nspeed score {results['score']:g}/{results['max_score']:g} · wrote {args.results}")
-    return EXIT_CANNOT_GRADE if more else EXIT_OK
+    if error:
+        return EXIT_CANNOT_GRADE
+    return EXIT_UNTRUSTED if tamper else EXIT_OK
 
 
 # --- which implementation is graded: said loudly, never guessed in the workbook repository ---
@@ -277,7 +286,7 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     if impl == "starter":
         notes += _helper_uses(labs)
     if args.speed_only:
-        return _grade_speed_only(args, impl, labs, notes)
+        return _grade_speed_only(args, impl, labs, notes, tamper)
     print(f"pagedlab grade: grading {_describe(impl)} ...", flush=True)
     test_timeout_s = args.timeout or None
     announce = _emulate_kernel_labs_without_gpu(labs)
@@ -303,9 +312,9 @@ def main(args: argparse.Namespace, *, extra_notes: list[str] | tuple[str, ...] =
     records = run.records
     notes += run.problems + run.notes
     if args.speed:
-        speed_records, speed_notes = _speed(labs, args.isolated or args.classroom)
+        speed_records, speed_notes, speed_error = _speed(labs, args.isolated or args.classroom)
         records += speed_records
-        notes += speed_notes
+        notes += speed_notes + ([speed_error] if speed_error else [])
     if not run.problems and not tamper and not args.no_hidden:
         last_run.store(records, labs, impl)  # lets `pagedlab status` skip unchanged labs
     if tamper and args.on_tamper == "zero":

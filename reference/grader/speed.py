@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -91,6 +92,8 @@ class SpeedStage:
         launcher: the public launcher recorded.
         workload: what it is timed on.
         tiers: ``(fraction of the ceiling, points)``: each tier reached earns its points.
+        files: the ``.cu`` files its launches may use (a v3 launcher running v6's kernel would
+            earn v3's points with v6's work).
     """
 
     lab: str
@@ -98,6 +101,7 @@ class SpeedStage:
     launcher: str
     workload: SpeedWorkload
     tiers: tuple
+    files: tuple
 
     @property
     def ceiling(self) -> str:
@@ -110,12 +114,16 @@ P2 = SpeedWorkload("P2", "prefill", 8, 32, 8, 2048, query_len=512)
 
 #: Every stage graded for speed, with its tiers (the handouts' "Speed points" tables).
 SPEED_STAGES = (
-    SpeedStage("lab04_decode_kernels", "v3", "paged_attention_v3", D3, ((0.25, 1), (0.40, 1))),
-    SpeedStage("lab04_decode_kernels", "v4", "paged_attention_v4", D1, ((0.50, 1), (0.70, 1))),
-    SpeedStage("lab04_decode_kernels", "v6", "paged_attention_v6", D1, ((0.70, 1), (0.90, 1))),
+    SpeedStage("lab04_decode_kernels", "v3", "paged_attention_v3", D3, ((0.25, 1), (0.40, 1)),
+               ("decode_v3.cu", "decode_reduce.cu")),
+    SpeedStage("lab04_decode_kernels", "v4", "paged_attention_v4", D1, ((0.50, 1), (0.70, 1)),
+               ("decode_v4.cu", "decode_reduce.cu")),
+    SpeedStage("lab04_decode_kernels", "v6", "paged_attention_v6", D1, ((0.70, 1), (0.90, 1)),
+               ("decode_v6.cu", "decode_reduce.cu")),
     SpeedStage("lab05_prefill_kernels", "tiled", "paged_prefill_tiled", P2,
-               ((0.015, 1), (0.025, 1))),
-    SpeedStage("lab05_prefill_kernels", "tc", "paged_prefill_tc", P2, ((0.15, 1), (0.25, 1))),
+               ((0.015, 1), (0.025, 1)), ("prefill_tiled.cu",)),
+    SpeedStage("lab05_prefill_kernels", "tc", "paged_prefill_tc", P2, ((0.15, 1), (0.25, 1)),
+               ("prefill_tc.cu",)),
 )
 
 
@@ -137,11 +145,17 @@ def record_stage(stage: SpeedStage, isolated: bool) -> dict:
             client = proxy.WorkerClient(stage.lab)
         except Exception as exc:  # noqa: BLE001 — e.g. the student's module does not import
             return {"error": f"recording failed: {type(exc).__name__}: {exc}"[:500]}
+        # A launcher that never returns must not hang the grade: the watchdog kills the worker,
+        # and gather then fails with WorkerDiedError.
+        watchdog = threading.Timer(RECORD_TIMEOUT_S, client.kill,
+                                   (f"the recording took over {RECORD_TIMEOUT_S} s",))
+        watchdog.start()
         try:
             result = proxy.gather(speed_record.record, client.module, stage.launcher, spec)
         except Exception as exc:  # noqa: BLE001 — the stage scores 0 with the reason
             result = {"error": f"recording failed: {type(exc).__name__}: {exc}"[:500]}
         finally:
+            watchdog.cancel()
             client.kill("speed recording done")
         # NOTE: and whatever it started: nothing of the student's may share the GPU with the
         # timing.
@@ -180,14 +194,22 @@ def run_replay_child(stage: SpeedStage, recording: dict) -> dict:
         try:
             done = subprocess.run([sys.executable, "-m", "reference.grader.speed_replay",
                                    str(job_path), str(result_path)], capture_output=True,
-                                  text=True, timeout=REPLAY_TIMEOUT_S, cwd=REPO_ROOT)
+                                  stdin=subprocess.DEVNULL, text=True, timeout=REPLAY_TIMEOUT_S,
+                                  cwd=REPO_ROOT)
         except subprocess.TimeoutExpired:
             return {"ok": False, "message": f"the timed launches took over {REPLAY_TIMEOUT_S} s "
                                             "(a kernel that never finishes?)"}
-        if result_path.is_file():
-            return json.loads(result_path.read_text())
+        try:
+            result = json.loads(result_path.read_text())
+            if isinstance(result, dict) and isinstance(result.get("ok"), bool):
+                return result
+        except (OSError, ValueError):
+            pass
+        # NOTE: the compiler's or driver's text is not shown: an #include of a file the grader
+        # can read would echo it there.
+        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
         return {"ok": False, "message": f"the timing process died (exit {done.returncode}): "
-                                        f"{done.stderr.strip()[-400:]}"}
+                                        f"{last[0][:200]}"}
 
 
 def grade_stage(stage: SpeedStage, isolated: bool) -> dict:
@@ -200,11 +222,14 @@ def grade_stage(stage: SpeedStage, isolated: bool) -> dict:
     result = {"lab": stage.lab, "stage": stage.stage, "workload": stage.workload.name,
               "ceiling_kind": stage.ceiling, "max_points": sum(p for _, p in stage.tiers)}
     try:
-        recording = check_recording(record_stage(stage, isolated), stage.lab)
+        recording = check_recording(record_stage(stage, isolated), stage.lab, files=stage.files)
+        timed = run_replay_child(stage, recording)
     except SpeedRecordingError as exc:
         return {**result, "ok": False, "points": 0, "message": f"not timed: {exc}"}
-    timed = run_replay_child(stage, recording)
-    points = sum(p for t, p in stage.tiers if timed.get("ok") and timed["fraction"] >= t)
+    except Exception as exc:  # noqa: BLE001 — one stage's failure never aborts the grade
+        return {**result, "ok": False, "points": 0,
+                "message": f"not timed: {type(exc).__name__}: {exc}"[:300]}
+    points = sum(p for t, p in stage.tiers if timed.get("ok") and timed.get("fraction", 0) >= t)
     return {**result, **timed, "points": points}
 
 

@@ -27,7 +27,6 @@ MAX_CONTENT_BYTES = 64 << 20
 #: Dynamic shared memory a launch may ask for (sm_90's per-block opt-in maximum, 227 KiB).
 MAX_SHARED_MEM = 227 * 1024
 
-_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include\b(.*)$", re.M)
 _OPTION_RE = re.compile(r"-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.:+-]*)?")
 _OPTIONS_ALLOWED = frozenset({"-lineinfo", "--use_fast_math", "-use_fast_math"})
 _ARG_KINDS = {"in": 3, "scratch": 3, "null": 1, "i32": 2, "i64": 2, "f32": 2}
@@ -47,21 +46,39 @@ def allowed_dirs(lab: str) -> tuple[Path, ...]:
     return tuple({own.resolve(), (LABS_DIR / lab).resolve()})
 
 
-def check_recording(recording, lab: str, dirs: tuple[Path, ...] | None = None) -> dict:
+#: Largest file check_includes reads.
+MAX_SOURCE_BYTES = 8 << 20
+#: Input names a recording's pointers may name (what ``speed_record.build_inputs`` makes).
+INPUT_NAMES = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q",
+               "context_lens", "out")
+
+
+def check_recording(recording, lab: str, dirs: tuple[Path, ...] | None = None,
+                    files: tuple[str, ...] | None = None) -> dict:
     """Checks an untrusted recording before anything of it is compiled or launched.
 
     Args:
         recording: what :func:`reference.grader.speed_record.record` returned (any value).
         lab: the stage's lab.
         dirs: folders the kernel files must be in (default :func:`allowed_dirs`).
+        files: the kernel file names the stage may launch (None: any ``.cu`` there).
 
     Returns:
-        The recording, its paths resolved.
+        A new recording built from the checked fields only (paths resolved).
 
     Raises:
         SpeedRecordingError: naming what is wrong.
     """
-    dirs = dirs or allowed_dirs(lab)
+    try:
+        return _check_recording(recording, dirs or allowed_dirs(lab), files)
+    except SpeedRecordingError:
+        raise
+    except (TypeError, ValueError, OSError, KeyError, IndexError, AttributeError) as exc:
+        # NOTE: a malformed value the checks above did not foresee is refused, never a crash.
+        raise SpeedRecordingError(f"a malformed recording ({type(exc).__name__})") from None
+
+
+def _check_recording(recording, dirs: tuple[Path, ...], files) -> dict:
     if not isinstance(recording, dict):
         raise SpeedRecordingError(f"the recording is a {type(recording).__name__}, not a dict")
     if "error" in recording:
@@ -69,10 +86,12 @@ def check_recording(recording, lab: str, dirs: tuple[Path, ...] | None = None) -
     inputs, scratch, launches = (recording.get(k) for k in ("inputs", "scratch", "launches"))
     if not (isinstance(inputs, list) and isinstance(scratch, list) and isinstance(launches, list)):
         raise SpeedRecordingError("the recording needs lists 'inputs', 'scratch', 'launches'")
+    inputs = [name for name in inputs if isinstance(name, str) and name in INPUT_NAMES]
     if not 1 <= len(launches) <= MAX_LAUNCHES:
         raise SpeedRecordingError(f"{len(launches)} launches recorded; a stage may make 1 to "
                                   f"{MAX_LAUNCHES}")
     total = content_total = 0
+    checked_scratch = []
     for s in scratch:
         if not (isinstance(s, dict) and _is_int(s.get("nbytes")) and s["nbytes"] > 0):
             raise SpeedRecordingError("a scratch buffer needs a positive 'nbytes'")
@@ -80,41 +99,64 @@ def check_recording(recording, lab: str, dirs: tuple[Path, ...] | None = None) -
         if content is not None and (not isinstance(content, str)
                                     or len(content) != 2 * s["nbytes"]):
             raise SpeedRecordingError("a scratch buffer's content must be hex of its nbytes")
+        bytes.fromhex(content or "")  # NOTE: hex only (a ValueError otherwise)
         total += s["nbytes"]
         content_total += s["nbytes"] if content is not None else 0
+        checked_scratch.append({"nbytes": s["nbytes"], "content": content})
     if total > MAX_SCRATCH_BYTES or content_total > MAX_CONTENT_BYTES:
         raise SpeedRecordingError(f"{total} bytes of scratch ({content_total} with content); at "
                                   f"most {MAX_SCRATCH_BYTES} ({MAX_CONTENT_BYTES})")
     checked = [_check_launch(launch, inputs, len(scratch), dirs) for launch in launches]
+    if files is not None:
+        for launch in checked:
+            if Path(launch["path"]).name not in files:
+                raise SpeedRecordingError(f"{Path(launch['path']).name} is not this stage's "
+                                          f"kernel file ({', '.join(files)})")
     for folder in sorted(dirs):  # the kernels' folders, and the lab's headers they include
         check_includes(folder)
-    return {"inputs": list(inputs), "scratch": scratch, "launches": checked}
+    return {"inputs": inputs, "scratch": checked_scratch, "launches": checked}
+
+
+#: Any preprocessor line that reads another file, however spelled (``#``, the ``%:`` digraph;
+#: include, include_next, import, embed).
+_READS_FILE_RE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*(include(?:_next)?|import|embed)\b(.*)$",
+                            re.M)
 
 
 def check_includes(folder: Path) -> None:
-    """Refuses kernel sources whose ``#include`` could reach outside the workbook's folders.
+    """Refuses kernel sources that could make the compiler read a file outside the workbook's
+    folders.
 
-    Every ``.cu``, ``.cuh`` and ``.h`` file of ``folder`` may include ``<name>`` or
-    ``"name"`` with a relative path free of ``..``: the file's folder, its lab's, the
-    workbook's ``reference/include`` and the CUDA toolkit's headers are all the compiler
-    searches. NOTE: an absolute or ``..`` path could compile someone else's kernel (a library's
-    headers installed on the grading machine) as the student's.
+    Every file under ``folder`` (any name: a ``.inc`` can be included too) may ``#include``
+    ``<name>`` or ``"name"`` by a relative path free of ``..`` — the file's folder, its lab's,
+    the workbook's ``reference/include`` and the CUDA toolkit's headers are all the compiler
+    searches — and nothing else (``include_next``, ``import``, ``embed``, a macro). Comments are
+    not skipped: an include inside one is refused too. Symbolic links are refused. NOTE: an
+    absolute or ``..`` path could compile another kernel (a library's headers on the grading
+    machine) as the student's, or echo a file the grader can read in a compiler message.
 
     Raises:
-        SpeedRecordingError: naming the file and the include.
+        SpeedRecordingError: naming the file and the line.
     """
-    for source in sorted(folder.iterdir()):
-        if source.suffix not in (".cu", ".cuh", ".h") or not source.is_file():
+    for source in sorted(folder.rglob("*")):
+        if source.is_symlink():
+            raise SpeedRecordingError(f"{source.name}: a symbolic link (kernel sources must be "
+                                      "plain files)")
+        if not source.is_file() or "__pycache__" in source.parts:
             continue
-        text = source.read_text(errors="replace").replace("\\\n", "")
-        text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-        for match in _INCLUDE_RE.finditer(text):
-            target = match.group(1).split("//")[0].strip()
+        if source.stat().st_size > MAX_SOURCE_BYTES:
+            raise SpeedRecordingError(f"{source.name}: over {MAX_SOURCE_BYTES >> 20} MiB, too "
+                                      "large to check (kernel folders hold sources)")
+        text = source.read_text(errors="replace").replace("\\\n", "").replace("\\\r\n", "")
+        for match in _READS_FILE_RE.finditer(text):
+            directive, target = match.group(1), match.group(2).split("//")[0].strip()
             name = target[1:-1] if len(target) > 2 and (target[0], target[-1]) in (
                 ("<", ">"), ('"', '"')) else None
-            if name is None or name.startswith(("/", "\\")) or ".." in Path(name).parts:
-                raise SpeedRecordingError(f"{source.name}: #include {target} — only relative "
-                                          "header names without '..' are compiled for speed")
+            if (directive != "include" or name is None or name.startswith(("/", "\\"))
+                    or ".." in Path(name).parts or ":" in name):
+                raise SpeedRecordingError(f"{source.name}: #{directive} {target} — only "
+                                          "#include of relative header names without '..' is "
+                                          "compiled for speed")
 
 
 def _is_int(x) -> bool:
@@ -167,4 +209,7 @@ def _check_launch(launch, inputs: list, num_scratch: int, dirs: tuple[Path, ...]
             raise SpeedRecordingError(f"argument {arg!r} is not an integer")
         if kind == "f32" and not isinstance(arg[1], (int, float)):
             raise SpeedRecordingError(f"argument {arg!r} is not a number")
-    return {**launch, "path": str(resolved)}
+    # Rebuilt from the checked fields only: nothing unchecked reaches the timing process.
+    return {"path": str(resolved), "name": name, "options": list(options),
+            "backend": launch["backend"], "grid": list(grid), "block": list(block),
+            "shared_mem": smem, "args": [list(arg) for arg in args]}

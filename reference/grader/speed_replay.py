@@ -8,11 +8,10 @@ each launch on K/V pools of its own, a random query and block table and a NaN-fi
 the pools refilled after each warm-up — times each pass with CUDA events, compares every output
 vector with a float64 oracle computed before the launches ran, and writes the result as JSON.
 
-NOTE: a kernel can read and write its process's device memory. The oracle's device buffers go
-back to the driver before the kernels run (unmapped: unreadable), its results are compared in
-host memory, and times come from CUDA events. Where HMM lets kernels read host memory (the
-open kernel module), a kernel that found the oracle's host address could read it (the README's
-threat model).
+NOTE: a kernel can read and write its process's device memory. The oracle is computed in host
+memory (only the input pages pass through the GPU), outputs are compared there, and times
+come from CUDA events. Where HMM lets kernels read host memory (the open kernel module), a
+kernel that found the oracle's host address could read it (the README's threat model).
 """
 
 from __future__ import annotations
@@ -80,7 +79,11 @@ def _new_set(spec: dict, num_pool_blocks: int, needed: int, gen) -> dict:
 
 
 def oracle(spec: dict, inputs: dict):
-    """The float64 attention of one launch's inputs, on the GPU, returned in host memory.
+    """The float64 attention of one launch's inputs, computed in host memory.
+
+    NOTE: on the host, not the GPU: an answer (or a softmax) left in device memory — even
+    freed, torch keeps its segment — is memory a kernel of this process could find and copy.
+    Only the inputs' pages are gathered on the GPU (inputs are no secret).
 
     Decode: one query token per sequence attends to its whole context; prefill: each new
     token attends causally to the history and the new tokens up to itself.
@@ -93,7 +96,7 @@ def oracle(spec: dict, inputs: dict):
             max_blocks_per_seq].
 
     Returns:
-        [num_rows, num_q_heads, head_size] float64, on the host.
+        [num_rows, num_q_heads, head_size] float64 (a CPU tensor).
     """
     import torch
 
@@ -101,28 +104,29 @@ def oracle(spec: dict, inputs: dict):
     table, scale, bs = inputs["block_tables"], spec["scale"], spec["block_size"]
     hq, hkv = spec["num_q_heads"], spec["num_kv_heads"]
     group, d = hq // hkv, spec["head_size"]
-    out = torch.empty(q.shape, dtype=torch.float64, device="cuda")
+    out = torch.empty(q.shape, dtype=torch.float64)
+    q_host = q.cpu()
     q_start = 0
     for s, ctx in enumerate(spec["context_lens"]):
         blocks = table[s, :-(-ctx // bs)].long()
 
-        def gather(cache):  # [Hkv, ctx, D]
-            return cache[blocks].double().permute(1, 0, 2, 3).reshape(hkv, -1, d)[:, :ctx]
+        def gather(cache):  # [Hkv, ctx, D], float64 on the host
+            pages = cache[blocks].cpu().double()  # fp16 pages copied, then widened here
+            return pages.permute(1, 0, 2, 3).reshape(hkv, -1, d)[:, :ctx]
 
         k, v = gather(kc), gather(vc)
         q_len = 1 if spec["kind"] == "decode" else spec["query_lens"][s]
-        rows = q[q_start:q_start + q_len].double()  # [q_len, Hq, D]
+        rows = q_host[q_start:q_start + q_len].double()  # [q_len, Hq, D]
         qg = rows.view(q_len, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, q_len, D]
-        scores = torch.einsum("hgqd,hkd->hgqk", qg, k) * scale
+        scores = torch.matmul(qg, k.transpose(1, 2).unsqueeze(1)) * scale  # [Hkv, G, q_len, ctx]
         if spec["kind"] == "prefill":
             history = ctx - q_len
-            visible = (torch.arange(ctx, device="cuda")[None, :]
-                       <= history + torch.arange(q_len, device="cuda")[:, None])
+            visible = torch.arange(ctx)[None, :] <= history + torch.arange(q_len)[:, None]
             scores = scores.masked_fill(~visible, -math.inf)
-        o = torch.einsum("hgqk,hkd->hgqd", scores.softmax(-1), v)  # [Hkv, G, q_len, D]
+        o = torch.matmul(scores.softmax(-1), v.unsqueeze(1))  # [Hkv, G, q_len, D]
         out[q_start:q_start + q_len] = o.permute(2, 0, 1, 3).reshape(q_len, hq, d)
         q_start += q_len
-    return out.cpu()
+    return out
 
 
 def _compare(out, ref, spec: dict) -> tuple[str | None, float]:
@@ -174,18 +178,15 @@ def replay(job: dict) -> dict:
     device_gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
     pools, shared, needed = _pool_inputs(spec, NUM_SETS + 1)  # [0]: the warm-up's
     # Scratch with recorded content (a work list, a zeroed counter) is the launcher's per call:
-    # each launch gets its own copy, restored every pass. Scratch without is shared, 0xFF.
+    # each launch gets its own copy, restored every pass. Scratch without is shared by every
+    # launch, 0xFF at first and never reset (as a buffer a plan keeps would be).
     contents = [None if s["content"] is None else
                 torch.frombuffer(bytearray.fromhex(s["content"]), dtype=torch.uint8)
                 for s in rec["scratch"]]
-    scratch = [[torch.full((s["nbytes"],), 0xFF, dtype=torch.uint8, device="cuda")
-                for s in rec["scratch"]] for _ in range(NUM_SETS + 1)]
-    for per_set in scratch:
-        for i, c in enumerate(contents):
-            if c is None:
-                per_set[i] = scratch[0][i]
-            else:
-                per_set[i].copy_(c)
+    shared_scratch = [torch.full((s["nbytes"],), 0xFF, dtype=torch.uint8, device="cuda")
+                      if c is None else None for s, c in zip(rec["scratch"], contents)]
+    scratch = [[buf if c is None else c.to("cuda") for buf, c in zip(shared_scratch, contents)]
+               for _ in range(NUM_SETS + 1)]
     ceiling = _ceiling(job["ceiling"])
     warm_set = _new_set(spec, needed + 1, needed, gen)
     warm = _argument_tuples(rec, {**shared, **warm_set, "key_cache": pools[0][0],
@@ -209,10 +210,7 @@ def replay(job: dict) -> dict:
         calls = [_argument_tuples(rec, inputs, bufs) for inputs, bufs in zip(named, scratch[1:])]
         for one in sets:
             one["out"].fill_(math.nan)
-        # NOTE: the oracle's buffers go back to the driver (unmapped, unreadable), so no kernel
-        # can find an answer in memory torch kept cached.
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(20_000_000)  # the launches queue up behind it: no host gaps timed
         start.record()
