@@ -258,9 +258,11 @@ def test_the_checks_catch_what_they_are_for():
 # --- a release, run from its own README ------------------------------------------------------
 
 #: README commands the offline end-to-end run leaves out: they install (network), open a UI,
-#: or run every lab (minutes on 2 cores; `pagedlab release` itself grades every lab).
+#: run every lab (minutes on 2 cores; `pagedlab release` itself grades every lab), or time
+#: kernels (speed grading needs a GPU; without one it exits 2 by design: tests/test_speed.py).
 NOT_RUN_OFFLINE = re.compile(r"^(pip|python3? -m venv|\.venv/bin/pip|source|\.|jupyter)\b"
-                             r"|^pagedlab (status|grade)$|^pytest labs/$")
+                             r"|^pagedlab (status|grade)$|^pytest labs/$"
+                             r"|^pagedlab grade .*--speed")
 #: Exit codes of a run that ended in test failures only (pytest 1) or finished (0); anything
 #: else (2 interrupted, 3 internal error, 4 usage error, 5 nothing collected) is a broken doc.
 FAILED_OR_PASSED = {0, 1}

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from reference.grader import speed, speed_check, speed_record
+from reference.grader import speed, speed_check, speed_record, speed_replay
 from reference.grader.mutants import build_mutant
 from reference.paths import SOLUTIONS_DIR
 
@@ -236,3 +236,31 @@ def test_grade_speed_only_says_it_cannot_time_without_a_gpu(tmp_path):
                           env={**os.environ, "LAB_IMPL": "solution"})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "speed not graded" in done.stdout and "CUDA GPU" in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_the_speed_oracle_is_paged_attention_in_float64(kind):
+    """The timing process's oracle (run here on the CPU) equals attention written out key by
+    key: pages through the block table, GQA head h -> KV head h // group, causal with history
+    for prefill; and it leaves no answer behind in the buffers it computed in."""
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, d, bs = 8, 2, 16, 4
+    lens, q_lens = [9, 13], ([1, 1] if kind == "decode" else [3, 5])
+    spec = {"kind": kind, "num_q_heads": hq, "num_kv_heads": hkv, "head_size": d,
+            "block_size": bs, "context_lens": lens, "query_lens": q_lens, "scale": 0.3}
+    kc, vc = (torch.randn(12, hkv, bs, d, generator=gen).half() for _ in range(2))
+    table = torch.tensor([[5, 2, 7, -1], [0, 11, 3, 9]], dtype=torch.int32)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).half()
+    got = speed_replay.oracle(spec, {"query": q, "key_cache": kc, "value_cache": vc,
+                                     "block_tables": table}, device="cpu")
+    row = 0
+    for s, ctx in enumerate(lens):
+        for t in range(q_lens[s]):
+            seen = ctx if kind == "decode" else ctx - q_lens[s] + t + 1
+            for h in range(hq):
+                keys = [(int(table[s, j // bs]), j % bs) for j in range(seen)]
+                k = torch.stack([kc[b, h // (hq // hkv), o].double() for b, o in keys])
+                v = torch.stack([vc[b, h // (hq // hkv), o].double() for b, o in keys])
+                want = torch.softmax(k @ q[row, h].double() * 0.3, 0) @ v
+                assert torch.allclose(got[row, h], want, rtol=0, atol=1e-12), (s, t, h)
+            row += 1

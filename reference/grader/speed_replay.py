@@ -8,10 +8,11 @@ each launch on K/V pools of its own, a random query and block table and a NaN-fi
 the pools refilled after each warm-up — times each pass with CUDA events, compares every output
 vector with a float64 oracle computed before the launches ran, and writes the result as JSON.
 
-NOTE: a kernel can read and write its process's device memory. The oracle is computed in host
-memory (only the input pages pass through the GPU), outputs are compared there, and times
-come from CUDA events. Where HMM lets kernels read host memory (the open kernel module), a
-kernel that found the oracle's host address could read it (the README's threat model).
+NOTE: a kernel can read and write its process's device memory. The oracle zeroes every device
+buffer that held an answer or a step toward one before freeing it, its results are compared in
+host memory, and times come from CUDA events. Where HMM lets kernels read host memory (the
+open kernel module), a kernel that found the oracle's host address could read it (the README's
+threat model).
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ def _new_set(spec: dict, num_pool_blocks: int, needed: int, gen) -> dict:
                                dtype=torch.float16, device="cuda")}
 
 
-def oracle(spec: dict, inputs: dict):
-    """The float64 attention of one launch's inputs, computed in host memory.
+def oracle(spec: dict, inputs: dict, device: str = "cuda"):
+    """The float64 attention of one launch's inputs, computed on the GPU, returned on the host.
 
-    NOTE: on the host, not the GPU: an answer (or a softmax) left in device memory — even
-    freed, torch keeps its segment — is memory a kernel of this process could find and copy.
-    Only the inputs' pages are gathered on the GPU (inputs are no secret).
+    NOTE: every buffer that holds an answer or a step toward one (scores, probabilities, the
+    output) is written in place and zeroed before it is freed: freed memory stays mapped in
+    torch's cache, and a kernel of this process could find and copy what it held. What is left
+    behind is inputs (gathered pages, their fp64 copies) and cuBLAS's workspace.
 
     Decode: one query token per sequence attends to its whole context; prefill: each new
     token attends causally to the history and the new tokens up to itself.
@@ -94,6 +96,7 @@ def oracle(spec: dict, inputs: dict):
             per new token for prefill), ``key_cache`` / ``value_cache`` [num_blocks,
             num_kv_heads, block_size, head_size], ``block_tables`` [num_seqs,
             max_blocks_per_seq].
+        device: where the inputs are and the arithmetic runs.
 
     Returns:
         [num_rows, num_q_heads, head_size] float64 (a CPU tensor).
@@ -104,29 +107,38 @@ def oracle(spec: dict, inputs: dict):
     table, scale, bs = inputs["block_tables"], spec["scale"], spec["block_size"]
     hq, hkv = spec["num_q_heads"], spec["num_kv_heads"]
     group, d = hq // hkv, spec["head_size"]
-    out = torch.empty(q.shape, dtype=torch.float64)
-    q_host = q.cpu()
+    out = torch.empty(q.shape, dtype=torch.float64, device=device)
     q_start = 0
     for s, ctx in enumerate(spec["context_lens"]):
         blocks = table[s, :-(-ctx // bs)].long()
 
-        def gather(cache):  # [Hkv, ctx, D], float64 on the host
-            pages = cache[blocks].cpu().double()  # fp16 pages copied, then widened here
-            return pages.permute(1, 0, 2, 3).reshape(hkv, -1, d)[:, :ctx]
+        def gather(cache):  # [Hkv, ctx, D] float64: inputs only
+            return cache[blocks].double().permute(1, 0, 2, 3).reshape(hkv, -1, d)[:, :ctx]
 
         k, v = gather(kc), gather(vc)
         q_len = 1 if spec["kind"] == "decode" else spec["query_lens"][s]
-        rows = q_host[q_start:q_start + q_len].double()  # [q_len, Hq, D]
+        rows = q[q_start:q_start + q_len].double()  # [q_len, Hq, D]
         qg = rows.view(q_len, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, q_len, D]
-        scores = torch.matmul(qg, k.transpose(1, 2).unsqueeze(1)) * scale  # [Hkv, G, q_len, ctx]
+        scores = torch.matmul(qg, k.transpose(1, 2).unsqueeze(1))  # [Hkv, G, q_len, ctx]
+        scores.mul_(scale)
         if spec["kind"] == "prefill":
             history = ctx - q_len
-            visible = torch.arange(ctx)[None, :] <= history + torch.arange(q_len)[:, None]
-            scores = scores.masked_fill(~visible, -math.inf)
-        o = torch.matmul(scores.softmax(-1), v.unsqueeze(1))  # [Hkv, G, q_len, D]
-        out[q_start:q_start + q_len] = o.permute(2, 0, 1, 3).reshape(q_len, hq, d)
+            visible = (torch.arange(ctx, device=device)[None, :]
+                       <= history + torch.arange(q_len, device=device)[:, None])
+            scores.masked_fill_(~visible, -math.inf)
+        probs = torch.softmax(scores, -1)
+        scores.zero_()
+        o = torch.matmul(probs, v.unsqueeze(1))  # [Hkv, G, q_len, D]
+        probs.zero_()
+        # Straight into out (a reshape of the permuted o would copy it to a buffer not zeroed).
+        out[q_start:q_start + q_len].view(q_len, hkv, group, d).permute(1, 2, 0, 3).copy_(o)
+        o.zero_()
         q_start += q_len
-    return out
+    host = out.to("cpu", copy=True)
+    out.zero_()
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    return host
 
 
 def _compare(out, ref, spec: dict) -> tuple[str | None, float]:
