@@ -264,3 +264,29 @@ def test_the_speed_oracle_is_paged_attention_in_float64(kind):
                 want = torch.softmax(k @ q[row, h].double() * 0.3, 0) @ v
                 assert torch.allclose(got[row, h], want, rtol=0, atol=1e-12), (s, t, h)
             row += 1
+
+
+@pytest.mark.slow
+def test_every_process_of_the_worker_user_is_killed_before_timing():
+    """What the student's code left running as the worker user (a forked daemon that would
+    share the GPU while the ceiling is measured) is gone before the timing starts."""
+    import subprocess
+
+    from reference.grader.sandbox import (WORKER_USER, _is_root, _owner, ensure_worker_user,
+                                          kill_worker_processes)
+
+    if not _is_root():
+        pytest.skip("starts a process as the worker user: needs root")
+    how = ensure_worker_user()
+    import pwd
+
+    uid = pwd.getpwnam(WORKER_USER).pw_uid
+    daemon = subprocess.Popen(["sleep", "300"], user=uid, start_new_session=True)
+    try:
+        assert _owner(str(daemon.pid)) == uid
+        kill_worker_processes(how)
+        daemon.wait(timeout=10)  # reaped here: it was our child
+        assert daemon.returncode == -9
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
