@@ -70,9 +70,8 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
     """
     out = []
     for path in sorted(SOLUTIONS_DIR.glob(f"{lab or 'lab*'}/mutants/*.toml")):
-        data = load_toml(path.read_text())
+        data, edits = read_spec(path)
         try:
-            edits = [Edit(e["file"], e["old"], e["new"]) for e in data["edit"]]
             mutant = Mutant(
                 lab=path.parent.parent.name,
                 name=path.stem,
@@ -90,6 +89,20 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
             raise MutantSpecError(f"{path}: needs caught_by and at least one [[edit]]")
         out.append(mutant)
     return out
+
+
+def read_spec(path: Path) -> tuple[dict, list[Edit]]:
+    """Reads a mutant file (``mutants/`` or ``speed_mutants/``): its fields and its edits.
+
+    Raises:
+        MutantSpecError: the file has no well-formed ``[[edit]]``.
+    """
+    data = load_toml(path.read_text())
+    try:
+        edits = [Edit(e["file"], e["old"], e["new"]) for e in data["edit"]]
+    except (KeyError, TypeError) as exc:
+        raise MutantSpecError(f"{path}: missing or malformed field {exc}") from None
+    return data, edits
 
 
 def build_mutant(mutant: Mutant, dest: Path) -> Path:

@@ -74,12 +74,39 @@ class SpeedWorkload:
                 "scale": 1.0 / math.sqrt(self.head_size)}
 
     def work(self) -> float:
-        """Bytes of K/V a decode step reads, or attention FLOPs of a causal prefill."""
+        """Bytes of K/V a decode step reads, or attention FLOPs of a causal prefill (counted as
+        ``pagedlab bench`` counts them)."""
         if self.kind == "decode":
-            return self.num_seqs * self.context_len * self.num_kv_heads * self.head_size * 4.0
-        history = self.context_len - self.query_len
-        pairs = self.query_len * history + self.query_len * (self.query_len + 1) // 2
+            return float(_decode_workload(self.name).kv_bytes())
+        from reference.tools.bench.prefill import visible_pairs
+
+        pairs = visible_pairs(self.query_len, self.context_len - self.query_len)
         return 4.0 * self.num_seqs * pairs * self.num_q_heads * self.head_size
+
+
+def _decode_workload(name: str):
+    from reference.tools.bench.decode_workloads import DECODE_WORKLOADS
+
+    return next(w for w in DECODE_WORKLOADS if w.name == name)
+
+
+def bench_workload(name: str) -> SpeedWorkload:
+    """The ``pagedlab bench`` workload ``name`` (``D1``, ``P2``, ...) as a speed workload: speed
+    is graded on the shapes the benchmarks report, defined once, there."""
+    if name.startswith("D"):
+        w = _decode_workload(name)
+        if isinstance(w.context_len, tuple):
+            raise ValueError(f"{name} has ragged lengths; speed workloads have one length")
+        return SpeedWorkload(name, "decode", w.num_seqs, w.num_q_heads, w.num_kv_heads,
+                             w.context_len, head_size=w.head_size, block_size=w.block_size)
+    from reference.tools.bench.prefill import load_workloads, settings_of
+
+    common, workloads = load_workloads()
+    wl = next(w for w in workloads if w["name"] == name)
+    cfg = settings_of(common, wl)
+    return SpeedWorkload(name, "prefill", wl["num_seqs"], cfg["num_q_heads"], cfg["num_kv_heads"],
+                         wl["query_len"] + wl["history_len"], query_len=wl["query_len"],
+                         head_size=cfg["head_size"], block_size=cfg["block_size"])
 
 
 @dataclass(frozen=True)
@@ -108,9 +135,7 @@ class SpeedStage:
         return "copy" if self.workload.kind == "decode" else "gemm"
 
 
-D1 = SpeedWorkload("D1", "decode", 64, 32, 8, 4096)
-D3 = SpeedWorkload("D3", "decode", 4, 32, 8, 32768)
-P2 = SpeedWorkload("P2", "prefill", 8, 32, 8, 2048, query_len=512)
+D1, D3, P2 = bench_workload("D1"), bench_workload("D3"), bench_workload("P2")
 
 #: Every stage graded for speed, with its tiers (the handouts' "Speed points" tables).
 SPEED_STAGES = (
@@ -127,7 +152,7 @@ SPEED_STAGES = (
 )
 
 
-def record_stage(stage: SpeedStage, isolated: bool) -> dict:
+def record_stage(stage: SpeedStage, isolated: bool, how: str | None = None) -> dict:
     """Records ``stage``'s launcher where student code may run (never in this process).
 
     Returns:
@@ -139,7 +164,7 @@ def record_stage(stage: SpeedStage, isolated: bool) -> dict:
     if isolated:
         from reference.grader import proxy
 
-        from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, kill_worker_processes
+        from reference.grader.sandbox import kill_worker_processes
 
         try:
             client = proxy.WorkerClient(stage.lab)
@@ -159,9 +184,8 @@ def record_stage(stage: SpeedStage, isolated: bool) -> dict:
             client.kill("speed recording done")
         # NOTE: and whatever it started: nothing of the student's may share the GPU with the
         # timing.
-        how = os.environ.get(ISOLATED_ENV)
         try:
-            kill_worker_processes(how if how in ("root", "sudo") else ensure_worker_user())
+            kill_worker_processes(how or isolation_how())
         except Exception as exc:  # noqa: BLE001 — not timed beside a process we cannot stop
             return {"error": f"not timed: {exc}"}
         return result
@@ -212,7 +236,7 @@ def run_replay_child(stage: SpeedStage, recording: dict) -> dict:
                                         f"{last[0][:200]}"}
 
 
-def grade_stage(stage: SpeedStage, isolated: bool) -> dict:
+def grade_stage(stage: SpeedStage, isolated: bool, how: str | None = None) -> dict:
     """Records, checks and times one stage.
 
     Returns:
@@ -222,7 +246,8 @@ def grade_stage(stage: SpeedStage, isolated: bool) -> dict:
     result = {"lab": stage.lab, "stage": stage.stage, "workload": stage.workload.name,
               "ceiling_kind": stage.ceiling, "max_points": sum(p for _, p in stage.tiers)}
     try:
-        recording = check_recording(record_stage(stage, isolated), stage.lab, files=stage.files)
+        recording = check_recording(record_stage(stage, isolated, how), stage.lab,
+                                    files=stage.files)
         timed = run_replay_child(stage, recording)
     except SpeedRecordingError as exc:
         return {**result, "ok": False, "points": 0, "message": f"not timed: {exc}"}
@@ -258,17 +283,31 @@ def speed_records(results: list[dict]) -> list:
     return records
 
 
+def isolation_how() -> str:
+    """How the worker is started (``"root"`` or ``"sudo"``): the grading run's, else probed.
+
+    Raises:
+        IsolationError: neither root nor passwordless sudo.
+    """
+    from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user
+
+    how = os.environ.get(ISOLATED_ENV)
+    return how if how in ("root", "sudo") else ensure_worker_user()
+
+
 def grade_speed(labs: list[str], isolated: bool, *, stages: list[str] | None = None) -> list[dict]:
     """Grades every speed stage of ``labs`` (optionally only the named stages).
 
     Raises:
         RuntimeError: no CUDA GPU here (speed is graded on a GPU runner).
+        IsolationError: ``isolated`` and neither root nor passwordless sudo.
     """
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("speed is graded on a CUDA GPU; this machine has none")
-    return [grade_stage(s, isolated) for s in SPEED_STAGES
+    how = isolation_how() if isolated else None  # once: it probes sudo and the worker user
+    return [grade_stage(s, isolated, how) for s in SPEED_STAGES
             if s.lab in labs and (stages is None or s.stage in stages)]
 
 
@@ -283,14 +322,13 @@ def load_speed_mutants(lab: str | None = None) -> list:
     Raises:
         MutantSpecError: a spec lacks its stage, mistake or edits.
     """
-    from reference.grader.mutants import Edit, Mutant, MutantSpecError
-    from reference.paths import SOLUTIONS_DIR, load_toml
+    from reference.grader.mutants import Mutant, MutantSpecError, read_spec
+    from reference.paths import SOLUTIONS_DIR
 
     out = []
     for path in sorted(SOLUTIONS_DIR.glob(f"{lab or 'lab*'}/speed_mutants/*.toml")):
-        data = load_toml(path.read_text())
+        data, edits = read_spec(path)
         try:
-            edits = [Edit(e["file"], e["old"], e["new"]) for e in data["edit"]]
             out.append(Mutant(lab=path.parent.parent.name, name=path.stem,
                               mistake=data["mistake"], caught_by=[f"speed:{data['stage']}"],
                               requires_gpu=True, edits=edits, path=path))

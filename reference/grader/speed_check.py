@@ -39,9 +39,9 @@ class SpeedRecordingError(ValueError):
 def allowed_dirs(lab: str) -> tuple[Path, ...]:
     """Folders whose ``.cu`` files a recording of ``lab`` may name: the graded implementation's
     own (the lab folder for the starter, ``solutions/<lab>`` or a mutant's copy) and the lab's."""
-    from reference.loader import impl_file
+    from reference.loader import MUTANT_DIR_ENV, impl_file
 
-    mutant = os.environ.get("PAGEDLAB_IMPL_DIR")
+    mutant = os.environ.get(MUTANT_DIR_ENV)
     own = Path(mutant) if mutant else impl_file(lab).parent
     return tuple({own.resolve(), (LABS_DIR / lab).resolve()})
 

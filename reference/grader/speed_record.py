@@ -46,14 +46,9 @@ def build_inputs(spec: dict, device: str = "cuda") -> tuple[dict, tuple]:
     dtype = getattr(torch, spec["dtype"])
     hq, hkv, d, bs = spec["num_q_heads"], spec["num_kv_heads"], spec["head_size"], spec["block_size"]
     lens = np.asarray(spec["context_lens"], dtype=np.int32)
-    per_seq = -(-lens.astype(np.int64) // bs)
-    num_blocks = int(per_seq.sum()) + 1
-    table = np.full((len(lens), int(per_seq.max())), -1, dtype=np.int32)
-    start = 0
-    for s, n in enumerate(per_seq):
-        table[s, :n] = np.arange(start, start + n, dtype=np.int32)
-        start += n
-    kv_shape = (num_blocks, hkv, bs, d)
+    needed = blocks_needed(spec)
+    table = block_table(spec, np.arange(needed, dtype=np.int32))
+    kv_shape = (needed + 1, hkv, bs, d)
     inputs = {}
     if spec["kind"] == "decode":
         inputs["query"] = torch.zeros((len(lens), hq, d), dtype=dtype, device=device)
@@ -70,6 +65,32 @@ def build_inputs(spec: dict, device: str = "cuda") -> tuple[dict, tuple]:
     inputs["out"] = torch.zeros_like(inputs["query"])
     positional = tuple(v for k, v in inputs.items() if k != "out") + (float(spec["scale"]),)
     return inputs, positional
+
+
+def blocks_needed(spec: dict) -> int:
+    """KV blocks a workload's contexts fill, all sequences together."""
+    lens = np.asarray(spec["context_lens"], dtype=np.int64)
+    return int((-(-lens // spec["block_size"])).sum())
+
+
+def block_table(spec: dict, block_ids: np.ndarray) -> np.ndarray:
+    """A workload's block table: each sequence's blocks taken in turn from ``block_ids``.
+
+    Args:
+        spec: the workload.
+        block_ids: [blocks_needed(spec)] physical block ids, in the order the sequences use them.
+
+    Returns:
+        [num_seqs, max_blocks_per_seq] int32, padded with -1.
+    """
+    lens = np.asarray(spec["context_lens"], dtype=np.int64)
+    per_seq = -(-lens // spec["block_size"])
+    table = np.full((len(lens), int(per_seq.max())), -1, dtype=np.int32)
+    start = 0
+    for s, n in enumerate(per_seq):
+        table[s, :n] = block_ids[start:start + n]
+        start += n
+    return table
 
 
 def record(impl, launcher: str, spec: dict) -> dict:
@@ -168,9 +189,9 @@ def _arg(arg, extents: list, storages: list) -> list:
         return ["f32", float(arg)]
     if isinstance(arg, np.int64):
         return ["i64", int(arg)]
-    address = arg.address if type(arg).__name__ == "HostArray" else None
-    if isinstance(arg, np.uint64):
-        address = int(arg)
+    from reference.launch_plan import _arg_address  # the plan/run split reads pointers alike
+
+    address = _arg_address(arg)
     if address is None:
         raise ValueError(f"a kernel argument of type {type(arg).__name__} (use ptr(...), "
                          "np.int32, np.float32)")
@@ -179,9 +200,10 @@ def _arg(arg, extents: list, storages: list) -> list:
     hit = _inside(address, extents)
     if hit:
         return ["in", hit[0], hit[1]]
-    for index, (base, nbytes, _) in enumerate(storages):
-        if base <= address < base + max(nbytes, 1):
-            return ["scratch", index, address - base]
+    hit = _inside(address, [(index, base, nbytes) for index, (base, nbytes, _)
+                            in enumerate(storages)])
+    if hit:
+        return ["scratch", hit[0], hit[1]]
     raise ValueError("a pointer argument into memory that is neither an input nor a buffer "
                      "the launcher allocated and passed through ptr(...)")
 

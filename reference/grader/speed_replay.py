@@ -47,9 +47,11 @@ def _pool_inputs(spec: dict, num_sets: int):
     """
     import torch
 
+    from reference.grader.speed_record import blocks_needed
+
     bs, hkv, d = spec["block_size"], spec["num_kv_heads"], spec["head_size"]
     lens = np.asarray(spec["context_lens"], dtype=np.int64)
-    needed = int((-(-lens // bs)).sum())
+    needed = blocks_needed(spec)
     shape = (needed + 1, hkv, bs, d)
     pools = [tuple(torch.empty(shape, dtype=torch.float16, device="cuda") for _ in range(2))
              for _ in range(num_sets)]
@@ -64,15 +66,12 @@ def _new_set(spec: dict, num_pool_blocks: int, needed: int, gen) -> dict:
     """One launch's own inputs: a random query, a random block table into the pools, out."""
     import torch
 
-    lens = np.asarray(spec["context_lens"], dtype=np.int64)
-    per_seq = -(-lens // spec["block_size"])
-    chosen = torch.randperm(num_pool_blocks, generator=gen)[:needed].to(torch.int32)
-    table = torch.full((len(lens), int(per_seq.max())), -1, dtype=torch.int32)
-    start = 0
-    for s, n in enumerate(per_seq):
-        table[s, :n] = chosen[start:start + n]
-        start += n
-    rows = len(lens) if spec["kind"] == "decode" else int(sum(spec["query_lens"]))
+    from reference.grader.speed_record import block_table
+
+    chosen = torch.randperm(num_pool_blocks, generator=gen)[:needed].to(torch.int32).numpy()
+    table = torch.from_numpy(block_table(spec, chosen))
+    rows = (len(spec["context_lens"]) if spec["kind"] == "decode"
+            else int(sum(spec["query_lens"])))
     q = torch.randn((rows, spec["num_q_heads"], spec["head_size"]), generator=gen)
     return {"query": q.to(torch.float16).cuda(), "block_tables": table.cuda(),
             "out": torch.empty((rows, spec["num_q_heads"], spec["head_size"]),
