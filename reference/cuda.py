@@ -176,6 +176,56 @@ def check_capability(cu_path: str | Path, name: str | None = None,
         capability=f"{major}.{minor}")
 
 
+# ----------------------------------------------------------------------------- sm_90a stages
+
+#: What only Hopper has (compute capability 9.0, the sm_90a target), as the kernel source spells
+#: it: the wrappers of pagedlab_wgmma.cuh or the raw PTX. Such a file is compiled for sm_90a and
+#: runs on no other GPU (nor on the emulated device, which does not model wgmma).
+SM90A_FEATURES = (("wgmma.mma_async", re.compile(r"\bwgmma_(?:ss|rs_tb|fence|commit|wait)\b|"
+                                                 r"\bwgmma\.(?:mma_async|fence|commit_group)")),)
+#: The compute capability the SM90A_FEATURES need, as messages and skip reasons spell it.
+SM90A_CAPABILITY_TEXT = "9.0"
+#: The compiler option that selects the architecture-specific Hopper target.
+SM90A_ARCH_OPTION = "-arch=sm_90a"
+
+
+def sm90a_features(cu_path: str | Path) -> list[str]:
+    """The Hopper-only features a kernel file uses (comments ignored): empty for most files."""
+    text = _COMMENT_RE.sub(" ", Path(cu_path).read_text())
+    return [name for name, pattern in SM90A_FEATURES if pattern.search(text)]
+
+
+def check_hopper(cu_path: str | Path, name: str | None = None) -> bool:
+    """Refuses a Hopper-only stage anywhere but a Hopper GPU, before anything compiles.
+
+    Args:
+        cu_path: the stage's kernel file.
+        name: the kernel, for the message.
+
+    Returns:
+        True when the file needs sm_90a (and this device is Hopper), False for other files.
+
+    Raises:
+        ComputeCapabilityError: (an UnsupportedConfigError) the file uses wgmma and the device
+            is not compute capability 9.0 — an older or newer GPU, or the emulated device.
+    """
+    from reference.errors import ComputeCapabilityError
+
+    features = sm90a_features(cu_path)
+    if not features:
+        return False
+    have = "emulated device" if emulating() else "{}.{}".format(*device_capability())
+    if have == SM90A_CAPABILITY_TEXT:
+        return True
+    stage = f"kernel {name} ({Path(cu_path).name})" if name else Path(cu_path).name
+    raise ComputeCapabilityError(
+        f"{stage} needs a Hopper GPU (compute capability 9.0, the sm_90a target: H100, H200): "
+        f"it uses {', '.join(features)}; this device is the {have}"
+        f"{'' if emulating() else ' GPU'}. The mma.sync stage (paged_prefill_tc) computes the "
+        "same on sm_80+ GPUs and on the emulated device.",
+        required=SM90A_CAPABILITY_TEXT, capability=have)
+
+
 def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: str = "nvrtc",
                 name_expressions: tuple[str, ...] | None = None, kernel_name: str | None = None):
     """Compiles a ``.cu`` file (cached per source text and options) into a CuPy RawModule.
@@ -193,8 +243,10 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
 
     Raises:
         UnsupportedConfigError: the file needs sm_80 (mma.sync, ldmatrix, cp.async) and the GPU
-            is older (a T4): see :func:`check_capability`.
+            is older (a T4): see :func:`check_capability`; or it needs Hopper (wgmma) and the
+            device is not one: see :func:`check_hopper` (such a file is compiled for sm_90a).
     """
+    hopper = check_hopper(cu_path, kernel_name)
     if emulating():
         from reference import emulate
 
@@ -208,6 +260,8 @@ def load_module(cu_path: str | Path, *, options: tuple[str, ...] = (), backend: 
     headers = [h for d in (*dirs, INCLUDE_DIR) for h in sorted(d.glob("*.cuh"))]
     source = path.read_text() + f"\n// headers {source_digest(*headers)}\n"
     opts = BASE_OPTIONS + tuple(f"-I{d}" for d in dirs) + include_options() + tuple(options)
+    if hopper:  # NOTE: left alone, CuPy targets the device's plain sm_90, which rejects wgmma
+        opts += (SM90A_ARCH_OPTION,)
     names = tuple(name_expressions) if name_expressions else None
     module = _compile(source, opts, backend, names)
     _ORIGINS.setdefault(id(module), (module, KernelOrigin(str(path.resolve()), tuple(options),

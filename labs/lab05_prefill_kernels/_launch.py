@@ -27,11 +27,16 @@ KERNEL_DTYPES = {
     "naive": ("float32", "float16", "bfloat16"),
     "tiled": ("float32", "float16", "bfloat16"),
     "tc": ("float16", "bfloat16"),  # mma.sync m16n8k16 takes 16-bit operands
+    "wgmma": ("float16", "bfloat16"),  # so does wgmma (Hopper only)
 }
 #: Tile shapes, which the plan and the kernels must agree on.
 TILED_BLOCK_M, TILED_BLOCK_N, TILED_THREADS = 64, 64, 128
 #: Tensor-core CTA by default: TC_WARPS warps of TC_ROWS_PER_WARP rows (see :class:`TcTiling`).
 TC_WARPS, TC_ROWS_PER_WARP, TC_BLOCK_N = 4, 32, 64
+#: Hopper (wgmma) CTA: WGMMA_WARPGROUPS warpgroups of 64 rows, KV tiles of WGMMA_BLOCK_N keys,
+#: WGMMA_STAGES of them in shared memory (prefill_wgmma.cu instantiates exactly this shape).
+WGMMA_WARPGROUPS, WGMMA_BLOCK_N, WGMMA_STAGES = 3, 64, 3
+WGMMA_BLOCK_M, WGMMA_THREADS = 64 * WGMMA_WARPGROUPS, 128 * WGMMA_WARPGROUPS
 
 DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -215,6 +220,8 @@ def kernel_tiling(kernel: str, num_q_heads: int, num_kv_heads: int, *,
         return 1, TILED_BLOCK_M, TILED_BLOCK_N
     if kernel == "tc":
         return num_q_heads // num_kv_heads, tc_tiling.block_m, TC_BLOCK_N
+    if kernel == "wgmma":
+        return num_q_heads // num_kv_heads, WGMMA_BLOCK_M, WGMMA_BLOCK_N
     return 1, TILED_BLOCK_M, TILED_BLOCK_N  # naive: any plan will do
 
 
@@ -355,6 +362,13 @@ def scalars(scale, shapes: PrefillShapes, causal: bool):
     """The tiled and tensor-core kernels' scalar arguments, in their order."""
     return [np.float32(scale), np.int32(shapes.num_q_heads), np.int32(shapes.num_kv_heads),
             np.int32(shapes.block_size), np.int32(shapes.max_blocks_per_seq), np.int32(bool(causal))]
+
+
+def wgmma_shared_bytes(head_size: int) -> int:
+    """Dynamic shared memory of the Hopper kernel: the Q tile and WGMMA_STAGES stages of K and V
+    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), and 1 KiB so the
+    kernel can start its tiles on a 1024-byte boundary (the swizzle pattern's period)."""
+    return (WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2 + 1024
 
 
 def tiled_shared_bytes(head_size: int, dtype: str) -> int:

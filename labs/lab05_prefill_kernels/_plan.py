@@ -40,14 +40,14 @@ _INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q", 
            "alibi_slopes", "out")
 
 #: The kernels a plan can be made for (the naive one needs no plan to be slow).
-PLAN_KERNELS = ("tiled", "tc")
+PLAN_KERNELS = ("tiled", "tc", "wgmma")
 
 
 class PrefillPlan(FrozenPlan):
     """One prefill batch, planned: validated once, launched many times by :meth:`run`.
 
     Attributes:
-        kernel: ``"tiled"`` or ``"tc"``.
+        kernel: ``"tiled"``, ``"tc"`` or ``"wgmma"`` (Hopper).
         shapes: the batch's ``PrefillShapes``.
         tile_plan: the ``TilePlan`` (the work list, heaviest first; its host copies of
             ``cu_seqlens_q`` and ``context_lens``).
@@ -77,7 +77,7 @@ class PrefillPlan(FrozenPlan):
         import torch
 
         q = tensors[0]
-        launcher = ns["paged_prefill_tc" if kernel == "tc" else "paged_prefill_tiled"]
+        launcher = ns[f"paged_prefill_{kernel}"]
         extra = {"tc_tiling": tc_tiling} if kernel == "tc" else {}
 
         def launch_once(q, k, v, bt, cu, cl, alibi, out):

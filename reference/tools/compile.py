@@ -83,8 +83,16 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
 
     Returns:
         (ok, compiler output).
+
+    NOTE: a file that uses Hopper's wgmma (``reference.cuda.sm90a_features``; the file itself,
+    not a starter that only describes it) is built for sm_90a whatever ``archs`` says: no other
+    target has those instructions.
     """
+    from reference.cuda import sm90a_features
+
     archs = [archs] if isinstance(archs, str) else list(archs)
+    if sm90a_features(path):
+        archs = ["sm_90a"]
     nvcc = nvcc_path()
     if nvcc:
         gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
@@ -103,7 +111,7 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
             includes = tuple(f"-I{d}" for d in kernel_include_dirs(path))
             compiler.compile_using_nvrtc(path.read_text(), options=BASE_OPTIONS + includes
                                          + include_options(), arch=arch.replace("sm_", ""),
-                                         filename=str(path))
+                                         filename=str(path))  # "90a": CuPy passes it on as is
         except compiler.CompileException as exc:
             return False, f"[{arch}] {exc}"
     return True, ""

@@ -79,7 +79,8 @@ CPU_SCOPE: dict[str, dict[str, str | None]] = {
         "check_prefill_inputs": None, "plan_query_tiles": None, "plan_for_kernel": None,
         "_prepare": None,  # ends with the given check_launch, whose last check is check_on_cuda
         "paged_prefill_naive": "_prepare", "paged_prefill_tiled": "_prepare",
-        "paged_prefill_tc": "_prepare", "plan_prefill": "_plan_prefill",
+        "paged_prefill_tc": "_prepare", "paged_prefill_wgmma": "_prepare",
+        "plan_prefill": "_plan_prefill",
     },
 }
 

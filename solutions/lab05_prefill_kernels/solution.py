@@ -1,6 +1,7 @@
-"""Lab 5 — paged prefill on the GPU: a naive kernel, a tiled one, and one on tensor cores.
+"""Lab 5 — paged prefill on the GPU: a naive kernel, a tiled one, one on tensor cores, and one
+on Hopper's warpgroup tensor cores.
 
-All three compute Lab 3's varlen prefill over the paged cache of ``reference/layout.py``:
+All four compute Lab 3's varlen prefill over the paged cache of ``reference/layout.py``:
 queries of several sequences packed back to back (``cu_seqlens_q``), each sequence's new tokens
 being the *last* ``q_len`` of its ``context_len`` (chunked prefill: the rest is history already
 in the cache), causal masking with that history, GQA, optional ALiBi.
@@ -41,6 +42,9 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     TC_ROWS_PER_WARP,
     TC_TILING,
     TC_WARPS,
+    WGMMA_BLOCK_M,
+    WGMMA_BLOCK_N,
+    WGMMA_THREADS,
     TILED_BLOCK_M,
     TILED_BLOCK_N,
     TILED_THREADS,
@@ -57,6 +61,7 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     kernel_tiling,
     scalars,
     tiled_shared_bytes,
+    wgmma_shared_bytes,
 )
 from labs.lab05_prefill_kernels._plan import PrefillPlan  # noqa: F401  (re-exported)
 from labs.lab05_prefill_kernels._plan import plan_prefill as _plan_prefill
@@ -90,7 +95,7 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
         cu_seqlens_q: [num_seqs + 1] int32
         context_lens: [num_seqs] int32
         scale: softmax scale, a finite float > 0.
-        kernel: ``"naive"``, ``"tiled"`` or ``"tc"`` (which dtypes are supported).
+        kernel: ``"naive"``, ``"tiled"``, ``"tc"`` or ``"wgmma"`` (which dtypes are supported).
         alibi_slopes: [num_q_heads] float32, every slope finite, or None.
         out: [num_tokens, num_q_heads, head_size] like ``query``, or None.
 
@@ -247,7 +252,7 @@ def plan_for_kernel(kernel: str, cu_seqlens_q, context_lens, *, num_q_heads: int
     A launcher given a plan reads nothing back from the GPU: the values were checked here.
 
     Args:
-        kernel: ``"naive"``, ``"tiled"`` or ``"tc"``.
+        kernel: ``"naive"``, ``"tiled"``, ``"tc"`` or ``"wgmma"``.
         cu_seqlens_q: [num_seqs + 1] query offsets.
         context_lens: [num_seqs] keys per sequence.
         num_q_heads: query heads.
@@ -387,6 +392,42 @@ def paged_prefill_tc(query, key_cache, value_cache, block_tables, cu_seqlens_q, 
     return like_input(out_t, query) if out is None else out
 
 
+def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
+                        scale, *, alibi_slopes=None, causal: bool = True, out=None,
+                        plan: TilePlan | None = None, debug: bool | None = None):
+    """Varlen paged prefill on Hopper's warpgroup tensor cores (wgmma, fp16/bf16 in, fp32
+    accumulate; compute capability 9.0 only).
+
+    A CTA per (tile of ``WGMMA_BLOCK_M`` = 192 rows, KV head): three warpgroups of 64 rows, rows
+    being (token, query head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`.
+    The plan needs ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = 192``,
+    ``block_n = 64``. Arguments and return value as :func:`paged_prefill_naive`.
+
+    Raises:
+        ComputeCapabilityError: (an UnsupportedConfigError) the device is not a Hopper GPU (or
+            is the emulated device), after every other check; the message names sm_90a.
+
+    Cost: as :func:`paged_prefill_tc`; for repeated calls use :func:`plan_prefill`.
+    """
+    shapes, plan, out_t = _prepare("wgmma", query, key_cache, value_cache, block_tables,
+                                   cu_seqlens_q, context_lens, scale, alibi_slopes, causal, out,
+                                   plan, debug)
+    q = as_torch(query)
+    num_work = len(plan.work)
+    # NOTE: loaded even for an empty batch, so a GPU that is not Hopper always refuses.
+    kernel = get_kernel(KERNEL_DIR / "prefill_wgmma.cu",
+                        f"prefill_wgmma_{DTYPE_TAG[shapes.dtype]}_d{shapes.head_size}")
+    if num_work:
+        args = common_args(out_t, q, as_torch(key_cache), as_torch(value_cache),
+                           as_torch(block_tables), as_torch(cu_seqlens_q), as_torch(context_lens),
+                           None if alibi_slopes is None else as_torch(alibi_slopes))
+        args += [ptr(plan.device_work(q.device))] + scalars(scale, shapes, causal)
+        with device_of(q):
+            launch(kernel, (num_work * shapes.num_kv_heads,), (WGMMA_THREADS,), args,
+                   shared_mem=wgmma_shared_bytes(shapes.head_size))
+    return like_input(out_t, query) if out is None else out
+
+
 def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,
                  *, kernel: str = "tc", alibi_slopes=None, causal: bool = True,
                  tc_tiling: TcTiling = TC_TILING, debug: bool | None = None) -> PrefillPlan:
@@ -405,7 +446,7 @@ def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, cont
         query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, scale,
             alibi_slopes, causal, tc_tiling, debug: as :func:`paged_prefill_tc`; the tensors
             are examples of the batch every run will have.
-        kernel: ``"tc"`` (tensor cores) or ``"tiled"``.
+        kernel: ``"tc"`` (tensor cores), ``"wgmma"`` (Hopper) or ``"tiled"``.
 
     Returns:
         A ``PrefillPlan`` (immutable).

@@ -1,0 +1,107 @@
+// Lab 5.6 — the Hopper paged prefill kernel (your task: TODO(lab5.6) below) (wgmma.mma_async, sm_90a; fp16/bf16 in, fp32 acc).
+//
+// The same work as prefill_tc.cu (one CTA per (row tile, KV head), rows = (token, query head)
+// pairs stacked token-major so one K/V tile serves the whole GQA group), on Hopper's warpgroup
+// tensor cores:
+//
+//   WGS = 3 warpgroups per CTA, 64 rows each (BM = 192). Each warpgroup issues its own wgmma:
+//   S = Q K^T with Q and K straight from shared memory (descriptors, no ldmatrix), then
+//   O += P V with P from registers (the S accumulators, converted in place) and V from shared
+//   memory read "transposed" (MN-major). K/V tiles of BN = 64 keys arrive by cp.async through
+//   the block table, STAGES = 3 deep.
+//
+//   Per warpgroup the work is software-pipelined: S of tile t and P V of tile t - 1 are issued
+//   together, and the softmax of tile t (CUDA cores) runs while the tensor cores do P V.
+//
+// Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below).
+// Why 3 warpgroups: every K/V byte brought into shared memory then feeds 192 rows instead of
+// 128, and the third warpgroup's math hides the other two's softmax (H100: P3 383 TFLOP/s with
+// 3, 315 with 2; 2026-11-25).
+#include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async
+#include "prefill_common.cuh"
+
+namespace pagedlab {
+
+template <typename T> struct WgPack;
+template <> struct WgPack<__half> {
+  __device__ static unsigned pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+template <> struct WgPack<__nv_bfloat16> {
+  __device__ static unsigned pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+
+__device__ __forceinline__ float wg_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Tile row r's 16-byte chunk ch in the 128-byte-swizzle layout (tile of R rows): the head
+// dimension cut into 64-element (128-byte) column blocks of R rows each; in each, row r's chunk
+// j sits at chunk j ^ (r % 8) of its 128 bytes.
+template <int R>
+__device__ __forceinline__ unsigned sw_off(int r, int ch) {
+  return (ch / 8) * (R * 128) + r * 128 + (((ch % 8) ^ (r % 8)) * 16);
+}
+
+template <typename T, int D, int BN, int STAGES, int WGS>
+__device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens, num_q_heads, D]
+                              const T* __restrict__ query,        // [num_tokens, num_q_heads, D]
+                              const T* __restrict__ key_cache,    // [num_blocks, num_kv_heads, block_size, D]
+                              const T* __restrict__ value_cache,  // [num_blocks, num_kv_heads, block_size, D]
+                              const int* __restrict__ block_tables,  // [num_seqs, max_blocks_per_seq]
+                              const int* __restrict__ cu_seqlens_q,  // [num_seqs + 1]
+                              const int* __restrict__ context_lens,  // [num_seqs]
+                              const float* __restrict__ alibi_slopes,  // [num_q_heads] or nullptr
+                              const int* __restrict__ work,          // [num_work, 2] (seq_idx, row_start)
+                              float scale, int num_q_heads, int num_kv_heads, int block_size,
+                              int max_blocks_per_seq, int causal) {
+  // TODO(lab5.6): the Hopper kernel. One CTA per (row tile, KV head) as in prefill_tc.cu
+  // (item = blockIdx.x / num_kv_heads, rows = (token, query head) pairs of the GQA group);
+  // BM = 64 * WGS rows, warpgroup wg = threadIdx.x / 128 owns rows 64 wg .. 64 wg + 63.
+  // Shared memory (wgmma_shared_bytes): round the base up to 1024 bytes; then Q [BM rows], then
+  // STAGES x (K, V) [BN rows], every tile in the 128-byte swizzle layout (sw_off<rows>).
+  //   prologue: cp.async Q (rows past the sequence: zeros) and KV tiles 0 .. STAGES - 3 (through
+  //             the block table; positions past kv_len: zeros), one commit group per tile.
+  //   loop t:   cp_async_wait<STAGES - 3>; fence_proxy_async(); __syncthreads(); then cp.async
+  //             tile t + STAGES - 2 into its stage (two tiles after that stage's last use) and
+  //             commit;
+  //             S = Q K^T: wgmma_fence(); D / 16 x wgmma_ss(WgmmaShape<BN>, ...), descriptors
+  //             with swizzle mode 1 (K-major: k16 step = +32 bytes inside a 128-byte row, next
+  //             64-column block at + rows * 128; stride 1024); wgmma_commit();
+  //             if t > 0: O += P V of tile t - 1 (BN / 16 x wgmma_rs_tb, V MN-major: leading
+  //             offset BN * 128, stride 1024; commit), then wgmma_wait<1>(); else wgmma_wait<0>();
+  //             mask / ALiBi / online softmax on S exactly as in prefill_tc.cu (the accumulator
+  //             layout is mma.sync's, repeated along N); wgmma_wait<0>(); rescale O; pack P.
+  //   after:    O += P V of the last tile; O / l -> out (rows past the sequence: not written).
+  // reg_fence every accumulator register around each wait (the compiler does not know wgmma
+  // is asynchronous).
+}
+
+}  // namespace pagedlab
+
+#define PAGEDLAB_WGMMA(NAME, T, D, BN, STAGES, WGS)                                                 \
+  extern "C" __global__ void __launch_bounds__(128 * WGS, 1)                                        \
+  NAME(T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,  \
+       const int* cu_seqlens_q, const int* context_lens, const float* alibi_slopes,                \
+       const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
+       int max_blocks_per_seq, int causal) {                                                       \
+    pagedlab::prefill_wgmma<T, D, BN, STAGES, WGS>(out, query, key_cache, value_cache,             \
+                                                   block_tables, cu_seqlens_q, context_lens,       \
+                                                   alibi_slopes, work, scale, num_q_heads,         \
+                                                   num_kv_heads, block_size, max_blocks_per_seq,   \
+                                                   causal);                                        \
+  }
+
+// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 3 stages, 3 warpgroups.
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 3, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 3, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 3, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 3, 3)

@@ -1,0 +1,118 @@
+"""Lab 5, part D (Hopper GPU): the wgmma kernel (Task 5.6) against the float64 oracle, and its
+refusal everywhere else.
+
+The kernel tests need a Hopper GPU (compute capability 9.0: H100, H200); anywhere else they skip
+with the reason. The emulated device does not model wgmma: there, and on any other GPU, the
+launcher must refuse with ``ComputeCapabilityError`` (an ``UnsupportedConfigError``) naming
+sm_90a — that one test runs on the emulated device too. Batches, poisoning and tolerances are
+Part C's (``_cases.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labs.lab05_prefill_kernels._cases import check_close, launcher, make_batch, oracle
+from labs.lab05_prefill_kernels.test_lab05_kernels import CASES, run_case
+from reference.emulate import emulating
+from reference.errors import UnsupportedConfigError
+from reference.gpu import kernel_skip_reason, synchronize
+
+
+def hopper_skip_reason() -> str | None:
+    """Why the wgmma kernel cannot run here, or None on a Hopper GPU."""
+    if emulating():
+        return "the emulated device does not model wgmma (Task 5.6 needs a Hopper GPU)"
+    reason = kernel_skip_reason()
+    if reason:
+        return reason
+    from reference.cuda import device_capability
+
+    major, minor = device_capability()
+    if (major, minor) != (9, 0):
+        return f"Task 5.6 needs a Hopper GPU (compute capability 9.0); this GPU is {major}.{minor}"
+    return None
+
+
+HOPPER_SKIP = hopper_skip_reason()
+needs_hopper = pytest.mark.skipif(HOPPER_SKIP is not None, reason=HOPPER_SKIP or "")
+KERNEL = "wgmma"
+
+
+@needs_hopper
+@pytest.mark.points(6)
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] != "float32"], ids=lambda c: c[0])
+def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
+    """Part C's varlen batches in fp16 and bf16 (head sizes 64 and 128, block sizes 16 and 32,
+    GQA groups 1/4/8, ALiBi, causal or not, with history): every output matches the float64
+    oracle — the wgmma descriptors, the swizzled tiles and the pipelined softmax included."""
+    name, dtype, q_lens, hist, hq, hkv, d, bs, alibi, causal = case
+    run_case(impl, KERNEL, 11, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi,
+             causal=causal, what=name)
+
+
+@needs_hopper
+@pytest.mark.points(3)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_hopper_chunked_prefill_with_history(impl, block_size):
+    """Chunked prefill: new tokens (1..300) after 0..700 tokens of history, GQA 4: query i sees
+    exactly the keys 0 .. history + i, across many 64-key tiles (so the pipelined P V of the
+    previous tile and the rescale of O are exercised)."""
+    rng = np.random.default_rng(83 + block_size)
+    q_lens = rng.integers(1, 301, size=6).tolist()
+    hist = rng.integers(0, 701, size=6).tolist()
+    hist[0] = 0
+    run_case(impl, KERNEL, 89, q_lens, hist, 8, 2, 128, block_size,
+             what=f"query_lens {q_lens} over history {hist}")
+
+
+@needs_hopper
+@pytest.mark.points(2)
+def test_hopper_partial_row_tiles_and_poisoned_padding(impl):
+    """Lengths that end mid-tile of the 192-row CTA (48 tokens of a GQA-4 group) and mid-block:
+    no NaN-poisoned key is read, and rows past a sequence never touch the next one's output."""
+    q_lens = [1, 47, 48, 49, 96, 97, 191, 3]
+    hist = [0, 5, 64, 63, 0, 129, 1, 300]
+    run_case(impl, KERNEL, 97, q_lens, hist, 8, 2, 128, 16, what="partial row tiles")
+    run_case(impl, KERNEL, 101, q_lens, hist, 4, 4, 64, 32, what="partial row tiles, MHA")
+
+
+@needs_hopper
+@pytest.mark.points(2)
+def test_hopper_output_is_complete_and_deterministic(impl):
+    """Into a NaN-filled out= buffer every element is written (and the buffer returned); five
+    runs on a large batch are bit-identical. A changing result means a race: a stage refilled
+    while a warpgroup's asynchronous wgmma still reads it, or a missing fence before one."""
+    import torch
+
+    batch = make_batch(103, [300] * 8, [400] * 8, 8, 2, 128, 16, kernel=KERNEL)
+    ref = oracle(batch)
+    outs = []
+    for _ in range(5):
+        out = torch.full_like(batch["query"], float("nan"))
+        assert launcher(impl, KERNEL)(**batch, out=out) is out, (
+            "with out= the launcher must write into it and return it")
+        outs.append(out)
+    synchronize()
+    for run, out in enumerate(outs):
+        check_close(out, ref, batch, dtype="float16", what=f"wgmma kernel, run {run}")
+        diff = (out != outs[0]).sum().item()
+        assert diff == 0, (f"run {run} differs from run 0 in {diff} elements: the kernel races "
+                           "(a stage refilled too early, or a missing wgmma_wait / fence)")
+
+
+@pytest.mark.emulated
+@pytest.mark.points(1)
+@pytest.mark.skipif(HOPPER_SKIP is None or kernel_skip_reason() is not None,
+                    reason="on a Hopper GPU the kernel runs (or no device to refuse on)")
+def test_wgmma_refuses_off_hopper(impl):
+    """On any device but a Hopper GPU (another GPU, the emulated device) the launcher refuses
+    with UnsupportedConfigError naming sm_90a — after validating its inputs, and before any
+    kernel is compiled or launched — even for a batch with no query token."""
+    batch = make_batch(107, [5, 9], [0, 3], 4, 2, 64, 16)
+    with pytest.raises(UnsupportedConfigError, match="sm_90a"):
+        launcher(impl, KERNEL)(**batch)
+    empty = make_batch(109, [0, 0], [4, 0], 4, 2, 64, 16)
+    with pytest.raises(UnsupportedConfigError, match="sm_90a"):
+        launcher(impl, KERNEL)(**empty)
