@@ -181,8 +181,11 @@ def check_capability(cu_path: str | Path, name: str | None = None,
 #: What only Hopper has (compute capability 9.0, the sm_90a target), as the kernel source spells
 #: it: the wrappers of pagedlab_wgmma.cuh or the raw PTX. Such a file is compiled for sm_90a and
 #: runs on no other GPU (nor on the emulated device, which does not model wgmma).
+#: NOTE: including the wrappers' header counts too, so a starter whose kernel body is still a
+#: TODO is refused off Hopper like the finished kernel (not compiled into an empty kernel).
 SM90A_FEATURES = (("wgmma.mma_async", re.compile(r"\bwgmma_(?:ss|rs_tb|fence|commit|wait)\b|"
-                                                 r"\bwgmma\.(?:mma_async|fence|commit_group)")),)
+                                                 r"\bwgmma\.(?:mma_async|fence|commit_group)|"
+                                                 r'#\s*include\s*"pagedlab_wgmma\.cuh"')),)
 #: The compute capability the SM90A_FEATURES need, as messages and skip reasons spell it.
 SM90A_CAPABILITY_TEXT = "9.0"
 #: The compiler option that selects the architecture-specific Hopper target.

@@ -35,7 +35,7 @@ TILED_BLOCK_M, TILED_BLOCK_N, TILED_THREADS = 64, 64, 128
 TC_WARPS, TC_ROWS_PER_WARP, TC_BLOCK_N = 4, 32, 64
 #: Hopper (wgmma) CTA: WGMMA_WARPGROUPS warpgroups of 64 rows, KV tiles of WGMMA_BLOCK_N keys,
 #: WGMMA_STAGES of them in shared memory (prefill_wgmma.cu instantiates exactly this shape).
-WGMMA_WARPGROUPS, WGMMA_BLOCK_N, WGMMA_STAGES = 3, 64, 3
+WGMMA_WARPGROUPS, WGMMA_BLOCK_N, WGMMA_STAGES = 3, 64, 4
 WGMMA_BLOCK_M, WGMMA_THREADS = 64 * WGMMA_WARPGROUPS, 128 * WGMMA_WARPGROUPS
 
 DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -366,9 +366,11 @@ def scalars(scale, shapes: PrefillShapes, causal: bool):
 
 def wgmma_shared_bytes(head_size: int) -> int:
     """Dynamic shared memory of the Hopper kernel: the Q tile and WGMMA_STAGES stages of K and V
-    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), and 1 KiB so the
-    kernel can start its tiles on a 1024-byte boundary (the swizzle pattern's period)."""
-    return (WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2 + 1024
+    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), two 8-byte
+    mbarriers per stage after them, and 1 KiB so the kernel can start its tiles on a 1024-byte
+    boundary (the swizzle pattern's period)."""
+    tiles = (WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2
+    return tiles + 2 * 8 * WGMMA_STAGES + 1024
 
 
 def tiled_shared_bytes(head_size: int, dtype: str) -> int:

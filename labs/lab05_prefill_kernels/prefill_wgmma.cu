@@ -8,17 +8,23 @@
 //   S = Q K^T with Q and K straight from shared memory (descriptors, no ldmatrix), then
 //   O += P V with P from registers (the S accumulators, converted in place) and V from shared
 //   memory read "transposed" (MN-major). K/V tiles of BN = 64 keys arrive by cp.async through
-//   the block table, STAGES = 3 deep.
+//   the block table, STAGES = 4 deep, every thread copying its share.
 //
 //   Per warpgroup the work is software-pipelined: S of tile t and P V of tile t - 1 are issued
 //   together, and the softmax of tile t (CUDA cores) runs while the tensor cores do P V.
 //
+//   Stages change hands through mbarriers, not __syncthreads: full[s] completes when every
+//   thread's copies into stage s have landed, empty[s] when every warp has finished reading it.
+//   So the warpgroups drift apart by up to a tile and one's softmax overlaps another's wgmma.
+//
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below).
-// Why 3 warpgroups: every K/V byte brought into shared memory then feeds 192 rows instead of
-// 128, and the third warpgroup's math hides the other two's softmax (H100: P3 383 TFLOP/s with
-// 3, 315 with 2; 2026-11-25).
+// Measured on an H100, 2026-11-25 (P3, TFLOP/s): 2 warpgroups 315; 3 warpgroups (every K/V byte
+// then feeds 192 rows, not 128) 383; mbarriers instead of a barrier per tile 397-408, 401
+// in the committed benchmark (0.86x FlashInfer's fa3 backend). Strict
+// turn-taking between the warpgroups (FlashAttention-3's "ping-pong", named barriers) was
+// slower with three: 274.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*
 #include "prefill_common.cuh"
 
 namespace pagedlab {
@@ -67,19 +73,24 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   // (item = blockIdx.x / num_kv_heads, rows = (token, query head) pairs of the GQA group);
   // BM = 64 * WGS rows, warpgroup wg = threadIdx.x / 128 owns rows 64 wg .. 64 wg + 63.
   // Shared memory (wgmma_shared_bytes): round the base up to 1024 bytes; then Q [BM rows], then
-  // STAGES x (K, V) [BN rows], every tile in the 128-byte swizzle layout (sw_off<rows>).
+  // STAGES x (K, V) [BN rows], every tile in the 128-byte swizzle layout (sw_off<rows>); then
+  // two mbarriers per stage: full[s] (count THREADS) and empty[s] (count THREADS / 32), set up
+  // by one thread before a __syncthreads().
   //   prologue: cp.async Q (rows past the sequence: zeros) and KV tiles 0 .. STAGES - 3 (through
-  //             the block table; positions past kv_len: zeros), one commit group per tile.
-  //   loop t:   cp_async_wait<STAGES - 3>; fence_proxy_async(); __syncthreads(); then cp.async
-  //             tile t + STAGES - 2 into its stage (two tiles after that stage's last use) and
-  //             commit;
+  //             the block table; positions past kv_len: zeros); after each tile's copies,
+  //             mbar_arrive_cp_async(full[its stage]).
+  //   loop t:   refill: tile t + STAGES - 2 goes into the stage tile t - 2 used — for t >= 2 wait
+  //             first until every warp released that stage (mbar_wait on empty, parity of that
+  //             stage's use count); copy; mbar_arrive_cp_async(full).
+  //             mbar_wait(full[t % STAGES], (t / STAGES) & 1); fence_proxy_async();
   //             S = Q K^T: wgmma_fence(); D / 16 x wgmma_ss(WgmmaShape<BN>, ...), descriptors
   //             with swizzle mode 1 (K-major: k16 step = +32 bytes inside a 128-byte row, next
   //             64-column block at + rows * 128; stride 1024); wgmma_commit();
   //             if t > 0: O += P V of tile t - 1 (BN / 16 x wgmma_rs_tb, V MN-major: leading
   //             offset BN * 128, stride 1024; commit), then wgmma_wait<1>(); else wgmma_wait<0>();
   //             mask / ALiBi / online softmax on S exactly as in prefill_tc.cu (the accumulator
-  //             layout is mma.sync's, repeated along N); wgmma_wait<0>(); rescale O; pack P.
+  //             layout is mma.sync's, repeated along N); wgmma_wait<0>(); then lane 0 of each
+  //             warp releases tile t - 1's stage (mbar_arrive on empty); rescale O; pack P.
   //   after:    O += P V of the last tile; O / l -> out (rows past the sequence: not written).
   // reg_fence every accumulator register around each wait (the compiler does not know wgmma
   // is asynchronous).
@@ -100,8 +111,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                                                    causal);                                        \
   }
 
-// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 3 stages, 3 warpgroups.
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 3, 3)
+// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 4 stages, 3 warpgroups.
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 4, 3)

@@ -36,17 +36,27 @@ def hopper_skip_reason() -> str | None:
 
 
 HOPPER_SKIP = hopper_skip_reason()
+#: Part C's 16-bit batches, and what only the Hopper kernel's 192-row tile and 64-key pages can
+#: get wrong: GQA groups that do not divide 192 (5, 7; 40 query heads over 8 KV heads is a real
+#: model), block sizes 8, 64 and 128 (a page longer than a KV tile), non-causal with bf16.
+HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
+    ("f16-d128-bs128-gqa5-history", "float16", [70, 250, 3, 191], [300, 0, 129, 5], 10, 2, 128, 128, False, True),
+    ("bf16-d64-bs64-gqa7-alibi", "bfloat16", [97, 40], [64, 200], 14, 2, 64, 64, True, True),
+    ("f16-d64-bs8-gqa6-noncausal", "float16", [33, 120], [10, 0], 12, 2, 64, 8, False, False),
+    ("bf16-d128-bs16-gqa4-noncausal-alibi", "bfloat16", [150, 7], [0, 90], 8, 2, 128, 16, True, False),
+]
 needs_hopper = pytest.mark.skipif(HOPPER_SKIP is not None, reason=HOPPER_SKIP or "")
 KERNEL = "wgmma"
 
 
 @needs_hopper
 @pytest.mark.points(6)
-@pytest.mark.parametrize("case", [c for c in CASES if c[1] != "float32"], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c[0])
 def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
-    """Part C's varlen batches in fp16 and bf16 (head sizes 64 and 128, block sizes 16 and 32,
-    GQA groups 1/4/8, ALiBi, causal or not, with history): every output matches the float64
-    oracle — the wgmma descriptors, the swizzled tiles and the pipelined softmax included."""
+    """Part C's varlen batches in fp16 and bf16 and four more (head sizes 64 and 128, block
+    sizes 8 to 128, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
+    every output matches the float64 oracle — the wgmma descriptors, the swizzled tiles, the
+    pipelined softmax, pages longer than a KV tile and row tiles that split a token's heads."""
     name, dtype, q_lens, hist, hq, hkv, d, bs, alibi, causal = case
     run_case(impl, KERNEL, 11, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi,
              causal=causal, what=name)
@@ -71,11 +81,16 @@ def test_hopper_chunked_prefill_with_history(impl, block_size):
 @pytest.mark.points(2)
 def test_hopper_partial_row_tiles_and_poisoned_padding(impl):
     """Lengths that end mid-tile of the 192-row CTA (48 tokens of a GQA-4 group) and mid-block:
-    no NaN-poisoned key is read, and rows past a sequence never touch the next one's output."""
+    no NaN-poisoned key is read, and rows past a sequence never touch the next one's output; a
+    batch with no query token at all returns an empty output (nothing to launch)."""
     q_lens = [1, 47, 48, 49, 96, 97, 191, 3]
     hist = [0, 5, 64, 63, 0, 129, 1, 300]
     run_case(impl, KERNEL, 97, q_lens, hist, 8, 2, 128, 16, what="partial row tiles")
     run_case(impl, KERNEL, 101, q_lens, hist, 4, 4, 64, 32, what="partial row tiles, MHA")
+    empty = make_batch(113, [0, 0], [4, 0], 8, 2, 64, 16, kernel=KERNEL)
+    out = launcher(impl, KERNEL)(**empty)
+    synchronize()
+    assert tuple(out.shape) == (0, 8, 64), "a batch with no query token gives an empty output"
 
 
 @needs_hopper

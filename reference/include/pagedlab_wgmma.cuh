@@ -1,5 +1,6 @@
 // Inline-PTX wrappers for Hopper's warpgroup tensor-core instructions (sm_90a): wgmma.mma_async
-// and its fences, and the shared-memory matrix descriptor. Trusted code, like pagedlab_ptx.cuh:
+// and its fences, the shared-memory matrix descriptor, and the mbarrier calls that hand pipeline
+// stages between threads. Trusted code, like pagedlab_ptx.cuh:
 // Lab 5's Hopper stage (prefill_wgmma.cu) uses these, students do not write them. Files that use
 // them are compiled for sm_90a by reference/cuda.py and refused on other GPUs.
 //
@@ -31,7 +32,8 @@ namespace pagedlab {
 template <int N> struct WgmmaShape {};
 
 // The 64-bit shared-memory matrix descriptor: start address, leading and stride byte offsets
-// (each stored >> 4, 14 bits), no swizzle (bits 62-63 = 0), base offset 0.
+// (each stored >> 4, 14 bits), the swizzle mode in bits 62-63 (0 none, 1 128-byte, 2 64-byte,
+// 3 32-byte), base offset 0 (tiles start on the swizzle pattern's 1024-byte period).
 __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, unsigned lead_bytes,
                                                          unsigned stride_bytes, unsigned swizzle = 0) {
   return (unsigned long long)((smem_addr & 0x3FFFF) >> 4) |
@@ -55,6 +57,29 @@ __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r):
 // proxy: each writing thread fences before the barrier that publishes the writes.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// mbarrier: a shared-memory barrier object (8 bytes) that completes a *phase* when the count it
+// was initialised with has arrived, then starts the next phase; waiters name the phase parity
+// they wait for (0, 1, 0, ...), so one barrier serves a ring of stages for ever.
+// Initialise it from one thread, then __syncthreads() before anyone uses it.
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+// Arrives (one of the count) once every cp.async this thread issued before has landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+  unsigned ok = 0;
+  while (!ok) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(addr), "r"(parity) : "memory");
+  }
 }
 
 // wgmma_ss: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both K-major

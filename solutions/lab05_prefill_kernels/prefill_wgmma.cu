@@ -8,17 +8,23 @@
 //   S = Q K^T with Q and K straight from shared memory (descriptors, no ldmatrix), then
 //   O += P V with P from registers (the S accumulators, converted in place) and V from shared
 //   memory read "transposed" (MN-major). K/V tiles of BN = 64 keys arrive by cp.async through
-//   the block table, STAGES = 3 deep.
+//   the block table, STAGES = 4 deep, every thread copying its share.
 //
 //   Per warpgroup the work is software-pipelined: S of tile t and P V of tile t - 1 are issued
 //   together, and the softmax of tile t (CUDA cores) runs while the tensor cores do P V.
 //
+//   Stages change hands through mbarriers, not __syncthreads: full[s] completes when every
+//   thread's copies into stage s have landed, empty[s] when every warp has finished reading it.
+//   So the warpgroups drift apart by up to a tile and one's softmax overlaps another's wgmma.
+//
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below).
-// Why 3 warpgroups: every K/V byte brought into shared memory then feeds 192 rows instead of
-// 128, and the third warpgroup's math hides the other two's softmax (H100: P3 383 TFLOP/s with
-// 3, 315 with 2; 2026-11-25).
+// Measured on an H100, 2026-11-25 (P3, TFLOP/s): 2 warpgroups 315; 3 warpgroups (every K/V byte
+// then feeds 192 rows, not 128) 383; mbarriers instead of a barrier per tile 397-408, 401
+// in the committed benchmark (0.86x FlashInfer's fa3 backend). Strict
+// turn-taking between the warpgroups (FlashAttention-3's "ping-pong", named barriers) was
+// slower with three: 274.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*
 #include "prefill_common.cuh"
 
 namespace pagedlab {
@@ -63,7 +69,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               const int* __restrict__ work,          // [num_work, 2] (seq_idx, row_start)
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal) {
-  static_assert(STAGES >= 3, "a stage is refilled two tiles after its own");
+  static_assert(STAGES >= 3, "a stage is refilled with the tile STAGES - 2 ahead, at least one");
   constexpr int BM = 64 * WGS, THREADS = 128 * WGS;
   constexpr int CH = D / 8;            // 16-byte chunks per row
   constexpr int NT = BN / 8;           // 8-key n-tiles of S
@@ -75,6 +81,16 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   // NOTE: the swizzle is a function of address bits 4-9: tiles start 1024-byte aligned.
   const unsigned q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;  // [BM rows]
   const unsigned kv_s = q_s + BM * D * 2;     // [STAGES][K, V][BN rows]
+  // full[s]: every thread's copies into stage s have landed; empty[s]: every warp is done
+  // reading it (its P V waited for).
+  const unsigned full_bar = kv_s + STAGES * 2 * TILE_BYTES, empty_bar = full_bar + 8 * STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, THREADS);
+      mbar_init(empty_bar + 8 * s, THREADS / 32);
+    }
+  }
+  __syncthreads();
 
   const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid / 32) % 4, lane = tid % 32;
   const int item = blockIdx.x / num_kv_heads;
@@ -131,12 +147,15 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     }
   };
 
-  // Prologue: tiles 0 .. STAGES - 3 in flight (Q rides with tile 0). A stage is refilled only
-  // two tiles after its own: its V is still read by the P V product issued one tile later.
+  // Prologue: tiles 0 .. STAGES - 3 in flight (Q rides with tile 0's barrier: the arrival
+  // covers every copy the thread issued before). A stage is refilled with the tile STAGES - 2
+  // ahead, once every warp has released it: its V is read by the P V issued one tile later.
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
-    if (s < num_kv_tiles) load_kv_tile(s, s);
-    cp_async_commit();
+    if (s < num_kv_tiles) {
+      load_kv_tile(s, s);
+      mbar_arrive_cp_async(full_bar + 8 * s);
+    }
   }
 
   const int row_base = row0 + wg * 64 + warp_in_wg * 16 + lane / 4;
@@ -176,14 +195,19 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   // Software pipeline, per warpgroup: while the softmax of tile t runs on the CUDA cores, the
   // tensor cores work on P V of tile t - 1 (issued just before, with S of tile t).
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
-    cp_async_wait<STAGES - 3>();  // this thread's part of tile `tile` (and Q) has landed
-    fence_proxy_async();          // ... and is visible to the tensor cores
-    __syncthreads();              // everyone's has; tile - 2's stage is free for refilling
     {
       const int next = tile + STAGES - 2;
-      if (next < num_kv_tiles) load_kv_tile(next, next % STAGES);
-      cp_async_commit();
+      if (next < num_kv_tiles) {
+        const int st = next % STAGES;
+        // The stage last held tile - 2 (released in iteration tile - 1); its k-th reuse waits
+        // for the k-th completion of empty[st], phase parity k & 1.
+        if (tile >= 2) mbar_wait(empty_bar + 8 * st, ((tile - 2) / STAGES) & 1);
+        load_kv_tile(next, st);
+        mbar_arrive_cp_async(full_bar + 8 * st);
+      }
     }
+    mbar_wait(full_bar + 8 * (tile % STAGES), (tile / STAGES) & 1);  // tile `tile` (and Q) landed
+    fence_proxy_async();  // other threads' cp.async writes, now seen, also for the tensor cores
     const unsigned k_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES;
 
     // S = Q K^T: 64 rows x BN keys per warpgroup, D / 16 wgmma; then P V of the previous tile.
@@ -259,6 +283,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       l_run[i] = l_run[i] * alpha[i] + sum;
     }
     wgmma_wait<0>();  // P V of the previous tile is in O, and its P registers are free
+    if (tile > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((tile - 1) % STAGES));  // released
 #pragma unroll
     for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
 #pragma unroll
@@ -323,8 +348,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                                                    causal);                                        \
   }
 
-// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 3 stages, 3 warpgroups.
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 3, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 3, 3)
+// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 4 stages, 3 warpgroups.
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 4, 3)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 4, 3)
