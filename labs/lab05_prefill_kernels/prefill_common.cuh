@@ -1,4 +1,4 @@
-// Lab 5 — helpers shared by the three prefill kernels (complete; not a task).
+// Lab 5 — helpers shared by the prefill kernels (complete; not a task).
 //
 // Every kernel reads the same inputs, all contiguous:
 //   query        [num_tokens, num_q_heads, head_size]          sequences packed back to back
@@ -30,6 +30,29 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// Two floats rounded to the kernel's 16-bit type and packed into one 32-bit register: an
+// mma.sync / wgmma A-fragment pair, or two adjacent output elements.
+template <typename T> struct MmaType;
+template <> struct MmaType<__half> {
+  __device__ static unsigned pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+template <> struct MmaType<__nv_bfloat16> {
+  __device__ static unsigned pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+
+// 2^x on the special-function unit; 2^-inf = 0, which the masking relies on.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Returns the sequence that packed query token `token` belongs to: the last s < num_seqs with

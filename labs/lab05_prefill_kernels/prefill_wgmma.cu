@@ -25,29 +25,9 @@
 // slower with three: 274.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*
-#include "prefill_common.cuh"
+#include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
-
-template <typename T> struct WgPack;
-template <> struct WgPack<__half> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-template <> struct WgPack<__nv_bfloat16> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-
-__device__ __forceinline__ float wg_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Tile row r's 16-byte chunk ch in the 128-byte-swizzle layout (tile of R rows): the head
 // dimension cut into 64-element (128-byte) column blocks of R rows each; in each, row r's chunk

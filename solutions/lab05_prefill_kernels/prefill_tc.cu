@@ -16,32 +16,11 @@
 // Shared-memory rows are padded by 16 bytes (D + 8 elements): the 8 rows one ldmatrix phase
 // reads then start 16 bytes apart modulo 128, i.e. in 8 different groups of 4 banks.
 #include "pagedlab_ptx.cuh"  // mma_16816, ldmatrix_x4(_trans), cp_async_*, smem_addr
-#include "prefill_common.cuh"
+#include "prefill_common.cuh"  // MmaType<T>::pack, fast_exp2, find_seq, kv_offset
 
 namespace pagedlab {
 
 constexpr int TC_BLOCK_N = 64;
-
-template <typename T> struct MmaType;
-template <> struct MmaType<__half> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-template <> struct MmaType<__nv_bfloat16> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-
-// 2^x on the special-function unit; 2^-inf = 0, which the masking relies on.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Byte offset of (row, 16-byte chunk) in a tile of 16-bit elements with padded rows.
 template <int D>

@@ -25,29 +25,9 @@
 // slower with three: 274.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*
-#include "prefill_common.cuh"
+#include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
-
-template <typename T> struct WgPack;
-template <> struct WgPack<__half> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-template <> struct WgPack<__nv_bfloat16> {
-  __device__ static unsigned pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-};
-
-__device__ __forceinline__ float wg_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Tile row r's 16-byte chunk ch in the 128-byte-swizzle layout (tile of R rows): the head
 // dimension cut into 64-element (128-byte) column blocks of R rows each; in each, row r's chunk
@@ -270,14 +250,14 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[i], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: exp2 stays 0
-      alpha[i] = wg_exp2((m_run[i] - m_use) * exp_scale);
+      alpha[i] = fast_exp2((m_run[i] - m_use) * exp_scale);
       m_run[i] = m_new;
       const float neg_m = -m_use * exp_scale;
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        s[4 * nt + 2 * i] = wg_exp2(fmaf(s[4 * nt + 2 * i], exp_scale, neg_m));
-        s[4 * nt + 2 * i + 1] = wg_exp2(fmaf(s[4 * nt + 2 * i + 1], exp_scale, neg_m));
+        s[4 * nt + 2 * i] = fast_exp2(fmaf(s[4 * nt + 2 * i], exp_scale, neg_m));
+        s[4 * nt + 2 * i + 1] = fast_exp2(fmaf(s[4 * nt + 2 * i + 1], exp_scale, neg_m));
         sum += s[4 * nt + 2 * i] + s[4 * nt + 2 * i + 1];
       }
       l_run[i] = l_run[i] * alpha[i] + sum;
@@ -296,10 +276,10 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     // P: the S accumulators are already the A fragments of the next wgmma, 16 keys each.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      p[kk][0] = WgPack<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      p[kk][1] = WgPack<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      p[kk][2] = WgPack<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      p[kk][3] = WgPack<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      p[kk][0] = MmaType<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      p[kk][1] = MmaType<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = MmaType<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = MmaType<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
     }
   }
   if (num_kv_tiles > 0) {  // the last tile's P V
@@ -328,7 +308,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       *reinterpret_cast<unsigned*>(dst + dt * 8) =
-          WgPack<T>::pack(o[4 * dt + 2 * i] * inv, o[4 * dt + 2 * i + 1] * inv);
+          MmaType<T>::pack(o[4 * dt + 2 * i] * inv, o[4 * dt + 2 * i + 1] * inv);
     }
   }
 }
