@@ -194,8 +194,15 @@ SM90A_ARCH_OPTION = "-arch=sm_90a"
 
 def sm90a_features(cu_path: str | Path) -> list[str]:
     """The Hopper-only features a kernel file uses (comments ignored): empty for most files."""
-    text = _COMMENT_RE.sub(" ", Path(cu_path).read_text())
-    return [name for name, pattern in SM90A_FEATURES if pattern.search(text)]
+    st = Path(cu_path).stat()
+    return list(_sm90a_features(str(cu_path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _sm90a_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    # NOTE: cached as _sm80_features is: load_module asks on every launch of the one-call path.
+    text = _COMMENT_RE.sub(" ", Path(path).read_text())
+    return tuple(name for name, pattern in SM90A_FEATURES if pattern.search(text))
 
 
 def check_hopper(cu_path: str | Path, name: str | None = None) -> bool:

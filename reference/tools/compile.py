@@ -84,8 +84,8 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
     Returns:
         (ok, compiler output).
 
-    NOTE: a file that uses Hopper's wgmma (``reference.cuda.sm90a_features``; the file itself,
-    not a starter that only describes it) is built for sm_90a whatever ``archs`` says: no other
+    NOTE: a file that uses Hopper's wgmma or includes its wrappers' header
+    (``reference.cuda.sm90a_features``) is built for sm_90a whatever ``archs`` says: no other
     target has those instructions.
     """
     from reference.cuda import sm90a_features
