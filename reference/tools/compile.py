@@ -144,6 +144,8 @@ def unsupported_on(arch: str, path: Path, features: list[str]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from reference.cuda import sm90a_features
+
     tool = compiler_available()
     if tool is None:
         print("pagedlab compile: neither nvcc nor NVRTC (CuPy) is available; install the CUDA "
@@ -162,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"n/a  {archs[0]} {path} ({tool}): {unsupported_on(archs[0], path, features)}")
                 continue
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {' '.join(archs)} {path} ({tool})")
+            built = ["sm_90a"] if sm90a_features(path) else archs  # what compile_cu built
+            print(f"{'ok  ' if ok else 'FAIL'} {' '.join(built)} {path} ({tool})")
             if log and (not ok or args.resources):
                 print("    " + log.replace("\n", "\n    "))
     print(f"\n{len(files)} files × {len(args.arch)} targets: {failures} failed"
