@@ -107,15 +107,21 @@ def sm80_features(cu_path: str | Path) -> list[str]:
     Returns:
         Feature names, empty for a file that runs on sm_75.
     """
+    return _features(cu_path, SM80_FEATURES)
+
+
+def _features(cu_path: str | Path, table: tuple) -> list[str]:
+    """The names of ``table``'s (name, pattern) entries found in a file, comments ignored."""
     st = Path(cu_path).stat()
-    return list(_sm80_features(str(cu_path), st.st_mtime_ns, st.st_size))
+    return list(_scan_features(str(cu_path), st.st_mtime_ns, st.st_size, table))
 
 
 @functools.lru_cache(maxsize=256)
-def _sm80_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
-    # NOTE: keyed on mtime and size too, so an edited kernel file is scanned again.
+def _scan_features(path: str, mtime_ns: int, size: int, table: tuple) -> tuple[str, ...]:
+    # NOTE: keyed on mtime and size too, so an edited kernel file is scanned again; cached
+    # because load_module asks on every launch of the one-call path.
     text = _COMMENT_RE.sub(" ", Path(path).read_text())
-    return tuple(name for name, pattern in SM80_FEATURES if pattern.search(text))
+    return tuple(name for name, pattern in table if pattern.search(text))
 
 
 #: The compute capability the SM80_FEATURES need, as messages and skip reasons spell it.
@@ -194,15 +200,7 @@ SM90A_ARCH_OPTION = "-arch=sm_90a"
 
 def sm90a_features(cu_path: str | Path) -> list[str]:
     """The Hopper-only features a kernel file uses (comments ignored): empty for most files."""
-    st = Path(cu_path).stat()
-    return list(_sm90a_features(str(cu_path), st.st_mtime_ns, st.st_size))
-
-
-@functools.lru_cache(maxsize=256)
-def _sm90a_features(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
-    # NOTE: cached as _sm80_features is: load_module asks on every launch of the one-call path.
-    text = _COMMENT_RE.sub(" ", Path(path).read_text())
-    return tuple(name for name, pattern in SM90A_FEATURES if pattern.search(text))
+    return _features(cu_path, SM90A_FEATURES)
 
 
 def check_hopper(cu_path: str | Path, name: str | None = None) -> bool:

@@ -84,15 +84,9 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
     Returns:
         (ok, compiler output).
 
-    NOTE: a file that uses Hopper's wgmma or includes its wrappers' header
-    (``reference.cuda.sm90a_features``) is built for sm_90a whatever ``archs`` says: no other
-    target has those instructions.
+    NOTE: the targets built are :func:`build_targets`' (sm_90a for the Hopper files).
     """
-    from reference.cuda import sm90a_features
-
-    archs = [archs] if isinstance(archs, str) else list(archs)
-    if sm90a_features(path):
-        archs = ["sm_90a"]
+    archs = build_targets(path, archs)
     nvcc = nvcc_path()
     if nvcc:
         gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
@@ -115,6 +109,22 @@ def compile_cu(path: Path, archs, *, resources: bool = False) -> tuple[bool, str
         except compiler.CompileException as exc:
             return False, f"[{arch}] {exc}"
     return True, ""
+
+
+def build_targets(path: Path, archs) -> list[str]:
+    """The targets a file is built for: ``archs``, except that a file that uses Hopper's wgmma
+    or includes its wrappers' header (``reference.cuda.sm90a_features``) is built for sm_90a
+    only — no other target has those instructions.
+
+    Args:
+        path: the ``.cu`` file.
+        archs: an ``sm_XX`` target or a sequence of them.
+    """
+    from reference.cuda import sm90a_features
+
+    if sm90a_features(path):
+        return ["sm_90a"]
+    return [archs] if isinstance(archs, str) else list(archs)
 
 
 def sm80_features(log: str) -> list[str] | None:
@@ -144,8 +154,6 @@ def unsupported_on(arch: str, path: Path, features: list[str]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from reference.cuda import sm90a_features
-
     tool = compiler_available()
     if tool is None:
         print("pagedlab compile: neither nvcc nor NVRTC (CuPy) is available; install the CUDA "
@@ -164,8 +172,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"n/a  {archs[0]} {path} ({tool}): {unsupported_on(archs[0], path, features)}")
                 continue
             failures += not ok
-            built = ["sm_90a"] if sm90a_features(path) else archs  # what compile_cu built
-            print(f"{'ok  ' if ok else 'FAIL'} {' '.join(built)} {path} ({tool})")
+            built = " ".join(build_targets(path, archs))
+            print(f"{'ok  ' if ok else 'FAIL'} {built} {path} ({tool})")
             if log and (not ok or args.resources):
                 print("    " + log.replace("\n", "\n    "))
     print(f"\n{len(files)} files × {len(args.arch)} targets: {failures} failed"
