@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from reference.tma import TensorMap
+
 #: Compiler options every kernel gets.
 BASE_OPTIONS = ("-std=c++17",)
 
@@ -414,7 +416,13 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
     if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
     with torch_stream():
-        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        kernel(tuple(grid), tuple(block), kernel_args(args), shared_mem=shared_mem)
+
+
+def kernel_args(args) -> tuple:
+    """``args`` as CuPy passes them: a :class:`reference.tma.TensorMap` becomes its 128 encoded
+    bytes; pointers and scalars stay as they are."""
+    return tuple(a.value if isinstance(a, TensorMap) else a for a in args)
 
 
 def ptr(x) -> np.uint64:

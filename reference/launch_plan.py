@@ -35,6 +35,7 @@ import numpy as np
 
 from reference import cuda as rcuda
 from reference.errors import DeviceMismatchError, PlanCaptureError
+from reference.tma import TMAP_BYTES, TensorMap
 
 
 class FrozenPlan:
@@ -193,7 +194,7 @@ class KernelLaunch(FrozenPlan):
         import torch
 
         with self._cupy_device, _cupy_stream(torch.cuda.current_stream(self.device)):
-            self.kernel(self.grid, self.block, args, shared_mem=self.shared_mem)
+            self.kernel(self.grid, self.block, rcuda.kernel_args(args), shared_mem=self.shared_mem)
 
     def launch_with(self, template: tuple, slots: tuple, ptrs) -> None:
         """Launches ``template`` with ``ptrs[i]`` at each ``(position, i)`` of ``slots``.
@@ -206,16 +207,20 @@ class KernelLaunch(FrozenPlan):
         packed = self._packed
         if packed is not None:
             vals, launch = packed
+            maps = launch.maps
             # NOTE: the parameter block is shared by every run of the plan; the driver copies
             # it at launch, so holding the lock from the writes to the launch is enough.
             with self._lock:
                 for pos, i in slots:
-                    vals[pos] = ptrs[i]
+                    if pos in maps:  # a tensor map: re-encoded for the run's address
+                        maps[pos][:] = np.frombuffer(template[pos].at(ptrs[i]).tobytes(), np.uint8)
+                    else:
+                        vals[pos] = ptrs[i]
                 if launch():
                     return
         args = list(template)
         for pos, i in slots:
-            args[pos] = ptrs[i]
+            args[pos] = (args[pos].at(ptrs[i]) if isinstance(args[pos], TensorMap) else ptrs[i])
         self(tuple(args))
 
     @property
@@ -238,8 +243,17 @@ def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, i
 
     vals = np.zeros(max(len(template), 1), dtype=np.uint64)
     as_i32, as_f32 = vals.view(np.int32), vals.view(np.float32)
+    # A tensor map (128 bytes, by value) gets its own 64-byte aligned buffer; its argument
+    # pointer points there instead of at its 8-byte slot.
+    maps, map_store = {}, []
     for pos, arg in enumerate(template):
-        if arg is None or isinstance(arg, (np.uint64, np.int64)):
+        if isinstance(arg, TensorMap):
+            raw = np.zeros(TMAP_BYTES + 64, dtype=np.uint8)
+            start = -raw.ctypes.data % 64
+            maps[pos] = raw[start:start + TMAP_BYTES]
+            maps[pos][:] = np.frombuffer(arg.value.tobytes(), np.uint8)
+            map_store.append(raw)
+        elif arg is None or isinstance(arg, (np.uint64, np.int64)):
             vals[pos] = 0 if arg is None else arg  # a pointer slot, or a 64-bit integer
         elif isinstance(arg, np.int32):
             as_i32[2 * pos] = arg  # little-endian: the low half of the slot is the int
@@ -247,7 +261,8 @@ def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, i
             as_f32[2 * pos] = arg
         else:
             return None
-    argv = np.array([vals.ctypes.data + 8 * pos for pos in range(len(vals))], dtype=np.uint64)
+    argv = np.array([maps[pos].ctypes.data if pos in maps else vals.ctypes.data + 8 * pos
+                     for pos in range(len(vals))], dtype=np.uint64)
     fn_ptr = kernel.kernel.ptr
     gx, gy, gz = (*grid, 1, 1)[:3]
     bx, by, bz = (*block, 1, 1)[:3]
@@ -265,7 +280,8 @@ def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, i
             return False  # e.g. no context current on this thread yet: CuPy's path sets one
         return True
 
-    launch.keep = (vals, argv)  # the block must outlive every launch made with it
+    launch.keep = (vals, argv, map_store)  # the block must outlive every launch made with it
+    launch.maps = maps
     return vals, launch
 
 
@@ -273,6 +289,8 @@ def _arg_address(arg) -> int | None:
     """The address a recorded pointer argument holds (None for a scalar)."""
     if isinstance(arg, np.uint64):
         return int(arg)
+    if isinstance(arg, TensorMap):  # made from an input: re-encoded for each run's address
+        return arg.address
     if type(arg).__name__ == "HostArray":  # the emulator's fenced CPU array
         return arg.address
     return None
@@ -331,7 +349,8 @@ def record_launches(who: str, launcher, names: tuple, tensors: tuple, required: 
         # The inputs' own pointers are overwritten by every run: keep no reference to them.
         args = list(r.args)
         for pos, _ in slots:
-            args[pos] = None
+            if not isinstance(args[pos], TensorMap):  # a map keeps only an address
+                args[pos] = None
         launches.append(KernelLaunch(r.kernel, r.grid, r.block, r.shared_mem, device,
                                      template=tuple(args)))
         templates.append((tuple(args), slots))

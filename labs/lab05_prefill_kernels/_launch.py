@@ -33,10 +33,11 @@ KERNEL_DTYPES = {
 TILED_BLOCK_M, TILED_BLOCK_N, TILED_THREADS = 64, 64, 128
 #: Tensor-core CTA by default: TC_WARPS warps of TC_ROWS_PER_WARP rows (see :class:`TcTiling`).
 TC_WARPS, TC_ROWS_PER_WARP, TC_BLOCK_N = 4, 32, 64
-#: Hopper (wgmma) CTA: WGMMA_WARPGROUPS warpgroups of 64 rows, KV tiles of WGMMA_BLOCK_N keys,
-#: WGMMA_STAGES of them in shared memory (prefill_wgmma.cu instantiates exactly this shape).
-WGMMA_WARPGROUPS, WGMMA_BLOCK_N, WGMMA_STAGES = 3, 64, 4
-WGMMA_BLOCK_M, WGMMA_THREADS = 64 * WGMMA_WARPGROUPS, 128 * WGMMA_WARPGROUPS
+#: Hopper (wgmma) CTA: one producer warpgroup (copies) and WGMMA_CONSUMERS consumer warpgroups
+#: of 64 rows each; K and V tiles of WGMMA_BLOCK_N keys, WGMMA_STAGES of each in shared memory
+#: (prefill_wgmma.cu instantiates exactly this shape).
+WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES = 2, 128, 2
+WGMMA_BLOCK_M, WGMMA_THREADS = 64 * WGMMA_CONSUMERS, 128 * (WGMMA_CONSUMERS + 1)
 
 DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -366,11 +367,11 @@ def scalars(scale, shapes: PrefillShapes, causal: bool):
 
 def wgmma_shared_bytes(head_size: int) -> int:
     """Dynamic shared memory of the Hopper kernel: the Q tile and WGMMA_STAGES stages of K and V
-    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), two 8-byte
-    mbarriers per stage after them, and 1 KiB so the kernel can start its tiles on a 1024-byte
-    boundary (the swizzle pattern's period)."""
+    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), four 8-byte
+    mbarriers per stage after them (full and empty, for K and for V), and 1 KiB so the kernel
+    can start its tiles on a 1024-byte boundary (the swizzle pattern's period)."""
     tiles = (WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2
-    return tiles + 2 * 8 * WGMMA_STAGES + 1024
+    return tiles + 4 * 8 * WGMMA_STAGES + 1024
 
 
 def tiled_shared_bytes(head_size: int, dtype: str) -> int:

@@ -36,11 +36,13 @@ def hopper_skip_reason() -> str | None:
 
 
 HOPPER_SKIP = hopper_skip_reason()
-#: Part C's 16-bit batches, and what only the Hopper kernel's 192-row tile and 64-key pages can
-#: get wrong: GQA groups that do not divide 192 (5, 7; 40 query heads over 8 KV heads is a real
-#: model), block sizes 8, 64 and 128 (a page longer than a KV tile), non-causal with bf16.
+#: Part C's 16-bit batches, and what only the Hopper kernel's 128-row tile, 128-key KV tiles and
+#: TMA boxes can get wrong: GQA groups that do not divide 128 (5, 7; 40 query heads over 8 KV
+#: heads is a real model), block sizes 8 (16 boxes a tile), 32, 64 and 128 (one box a tile),
+#: contexts that end on and off a page and a tile boundary, non-causal with bf16.
 HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
-    ("f16-d128-bs128-gqa5-history", "float16", [70, 250, 3, 191], [300, 0, 129, 5], 10, 2, 128, 128, False, True),
+    ("f16-d128-bs32-gqa5-history", "float16", [70, 250, 3, 191], [300, 0, 129, 5], 10, 2, 128, 32, False, True),
+    ("bf16-d128-bs128-gqa4-history", "bfloat16", [130, 1, 255], [128, 383, 1], 8, 2, 128, 128, False, True),
     ("bf16-d64-bs64-gqa7-alibi", "bfloat16", [97, 40], [64, 200], 14, 2, 64, 64, True, True),
     ("f16-d64-bs8-gqa6-noncausal", "float16", [33, 120], [10, 0], 12, 2, 64, 8, False, False),
     ("bf16-d128-bs16-gqa4-noncausal-alibi", "bfloat16", [150, 7], [0, 90], 8, 2, 128, 16, True, False),
@@ -50,13 +52,14 @@ KERNEL = "wgmma"
 
 
 @needs_hopper
-@pytest.mark.points(6)
+@pytest.mark.points(5)
 @pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c[0])
 def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
     """Part C's varlen batches in fp16 and bf16 and four more (head sizes 64 and 128, block
     sizes 8 to 128, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
-    every output matches the float64 oracle — the wgmma descriptors, the swizzled tiles, the
-    pipelined softmax, pages longer than a KV tile and row tiles that split a token's heads."""
+    every output matches the float64 oracle — the wgmma descriptors, the TMA boxes and the
+    swizzled tiles, the pipelined softmax, contexts whose last page is partial (its keys come
+    by cp.async) and row tiles that split a token's heads."""
     name, dtype, q_lens, hist, hq, hkv, d, bs, alibi, causal = case
     run_case(impl, KERNEL, 11, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi,
              causal=causal, what=name)
@@ -67,8 +70,8 @@ def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_hopper_chunked_prefill_with_history(impl, block_size):
     """Chunked prefill: new tokens (1..300) after 0..700 tokens of history, GQA 4: query i sees
-    exactly the keys 0 .. history + i, across many 64-key tiles (so the pipelined P V of the
-    previous tile and the rescale of O are exercised)."""
+    exactly the keys 0 .. history + i, across many 128-key tiles (so the pipelined P V of the
+    previous tile, the rescale of O and the reuse of both stages are exercised)."""
     rng = np.random.default_rng(83 + block_size)
     q_lens = rng.integers(1, 301, size=6).tolist()
     hist = rng.integers(0, 701, size=6).tolist()
@@ -80,10 +83,11 @@ def test_hopper_chunked_prefill_with_history(impl, block_size):
 @needs_hopper
 @pytest.mark.points(2)
 def test_hopper_partial_row_tiles_and_poisoned_padding(impl):
-    """Lengths that end mid-tile of the 192-row CTA (48 tokens of a GQA-4 group) and mid-block:
-    no NaN-poisoned key is read, and rows past a sequence never touch the next one's output; a
-    batch with no query token at all returns an empty output (nothing to launch)."""
-    q_lens = [1, 47, 48, 49, 96, 97, 191, 3]
+    """Lengths that end mid-tile of the 128-row CTA (32 tokens of a GQA-4 group), mid-block and
+    mid-KV-tile (the context's last keys come by cp.async, not TMA): no NaN-poisoned key is
+    read, and rows past a sequence never touch the next one's output; a batch with no query
+    token at all returns an empty output (nothing to launch)."""
+    q_lens = [1, 31, 32, 33, 64, 65, 127, 3]
     hist = [0, 5, 64, 63, 0, 129, 1, 300]
     run_case(impl, KERNEL, 97, q_lens, hist, 8, 2, 128, 16, what="partial row tiles")
     run_case(impl, KERNEL, 101, q_lens, hist, 4, 4, 64, 32, what="partial row tiles, MHA")
@@ -115,6 +119,31 @@ def test_hopper_output_is_complete_and_deterministic(impl):
         diff = (out != outs[0]).sum().item()
         assert diff == 0, (f"run {run} differs from run 0 in {diff} elements: the kernel races "
                            "(a stage refilled too early, or a missing wgmma_wait / fence)")
+
+
+@needs_hopper
+@pytest.mark.points(1)
+def test_hopper_plan_run_follows_new_caches(impl):
+    """A plan made on one batch and run on another of the same shape (new caches, query and
+    block tables) computes the new batch: the TMA maps name a cache's address, so a run must
+    use maps of the run's caches, not the plan's (launch with tensor_map(<the input cache>));
+    and the run gives the one-call output bit for bit."""
+    import torch
+
+    a = make_batch(127, [40, 200], [100, 0], 8, 2, 128, 16, kernel=KERNEL)
+    # New tensors (new addresses) with other values; the poisoned padding stays poisoned.
+    b = {**a, "query": a["query"] * 0.5, "key_cache": -a["key_cache"],
+         "value_cache": a["value_cache"] * 2}
+    names = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q", "context_lens")
+    plan = impl.plan_prefill(*(a[n] for n in names), a["scale"], kernel=KERNEL)
+    out = plan.run(*(b[n] for n in names))
+    one_call = launcher(impl, KERNEL)(**b)
+    synchronize()
+    check_close(out, oracle(b), b, dtype="float16", what="plan made on batch a, run on batch b")
+    diff = (out != one_call).sum().item()
+    assert diff == 0, f"plan.run differs from the one-call launch in {diff} elements"
+    assert torch.equal(plan.run(*(a[n] for n in names)), launcher(impl, KERNEL)(**a)), (
+        "running the plan on its own batch again must give the one-call output")
 
 
 @pytest.mark.emulated

@@ -82,6 +82,48 @@ __device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
   }
 }
 
+// Warp specialisation: a warpgroup that only issues copies needs few registers, one that holds
+// accumulators needs many. setmaxnreg moves them at run time (every warp of the warpgroup runs
+// it; N a multiple of 8 in 24..256): dec gives registers back to the CTA's pool, inc waits until
+// the pool has enough. The kernel is launched with the per-thread count its launch bounds give,
+// and the warpgroups' new counts must add up to no more than the CTA had.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// TMA (the tensor memory accelerator): one thread asks for a whole box of a 2-D tensor, the
+// copy engine writes it into shared memory (in the swizzle layout the tensor map names) and
+// counts its bytes on an mbarrier. The tensor map (128 bytes, made on the host by
+// cuTensorMapEncodeTiled) is passed by value as a __grid_constant__ kernel parameter.
+struct alignas(64) TmaDesc {
+  unsigned long long words[16];
+};
+// Arrives (one of the count) and tells the barrier to also wait for `bytes` more bytes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
+               ::"r"(addr), "r"(bytes) : "memory");
+}
+// The box at column x, row y of `desc`'s tensor -> shared memory at dst (1024-byte aligned
+// for the 128-byte swizzle); completes its bytes on the mbarrier at mbar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, int x, int y, unsigned mbar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(mbar)
+      : "memory");
+}
+// Named barrier `id` (1..15; 0 is __syncthreads) for `count` threads (a multiple of 32): sync
+// waits for all of them, arrive counts this warp in without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // wgmma_ss: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both K-major
 // (A's rows and B's columns each contiguous along K). scale_d = 0 ignores D's old value.
 // wgmma_rs_tb: the same with A in registers (4 x 32-bit per thread) and B "transposed"

@@ -1,30 +1,35 @@
-// Lab 5.6 — the Hopper paged prefill kernel (wgmma.mma_async, sm_90a; fp16/bf16 in, fp32 acc).
+// Lab 5.6 — the Hopper paged prefill kernel (wgmma.mma_async + TMA, sm_90a; fp16/bf16 in, fp32 acc).
 //
 // The same work as prefill_tc.cu (one CTA per (row tile, KV head), rows = (token, query head)
 // pairs stacked token-major so one K/V tile serves the whole GQA group), on Hopper's warpgroup
-// tensor cores:
+// tensor cores, with the warps split by role ("warp specialisation"):
 //
-//   WGS = 3 warpgroups per CTA, 64 rows each (BM = 192). Each warpgroup issues its own wgmma:
-//   S = Q K^T with Q and K straight from shared memory (descriptors, no ldmatrix), then
-//   O += P V with P from registers (the S accumulators, converted in place) and V from shared
-//   memory read "transposed" (MN-major). K/V tiles of BN = 64 keys arrive by cp.async through
-//   the block table, STAGES = 4 deep, every thread copying its share.
+//   warpgroup 0, the producer, only moves data: Q once by cp.async, then K and V tiles of
+//   BN = 128 keys into a ring of STAGES = 2 stages. Whole pages arrive by TMA (one lane asks
+//   the copy engine for a page's rows; the engine writes them swizzled and counts their bytes
+//   on the stage's mbarrier); the part of the last tile past the last whole page by cp.async,
+//   zero-filled past the context. It gives most of its registers away (setmaxnreg.dec).
 //
-//   Per warpgroup the work is software-pipelined: S of tile t and P V of tile t - 1 are issued
-//   together, and the softmax of tile t (CUDA cores) runs while the tensor cores do P V.
+//   warpgroups 1 and 2, the consumers, 64 rows each (BM = 128), take those registers
+//   (setmaxnreg.inc) and compute: S = Q K^T with Q and K straight from shared memory
+//   (descriptors), then O += P V with P from registers (the S accumulators, converted in place)
+//   and V read "transposed" (MN-major). Per consumer the work is software-pipelined: S of tile
+//   t and P V of tile t - 1 are issued together, and the softmax of tile t (CUDA cores) runs
+//   while the tensor cores do P V.
 //
-//   Stages change hands through mbarriers, not __syncthreads: full[s] completes when every
-//   thread's copies into stage s have landed, empty[s] when every warp has finished reading it.
-//   So the warpgroups drift apart by up to a tile and one's softmax overlaps another's wgmma.
+//   K and V have their own rings of mbarriers: full_k[s] / full_v[s] complete when a tile's
+//   bytes have landed, empty_k[s] / empty_v[s] when every consumer warp has finished reading
+//   it (K after its S, V after its P V, one tile later), so the producer refills K early.
 //
-// Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below).
-// Measured on an H100, 2026-11-25 (P3, TFLOP/s): 2 warpgroups 315; 3 warpgroups (every K/V byte
-// then feeds 192 rows, not 128) 383; mbarriers instead of a barrier per tile 397-408, 401
-// in the committed benchmark (0.86x FlashInfer's fa3 backend). Strict
-// turn-taking between the warpgroups (FlashAttention-3's "ping-pong", named barriers) was
-// slower with three: 274.
+// Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
+// which is also the layout TMA writes with the tensor maps the launcher builds
+// (reference/tma.py: box of 64 columns x min(block_size, BN) rows, 128-byte swizzle).
+// Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s): every thread copying by cp.async, three
+// warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
+// address arithmetic and copies were the bottleneck: with the copies skipped the consumers ran
+// 540); the TMA producer 451 / 435.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
@@ -37,7 +42,7 @@ __device__ __forceinline__ unsigned sw_off(int r, int ch) {
   return (ch / 8) * (R * 128) + r * 128 + (((ch % 8) ^ (r % 8)) * 16);
 }
 
-template <typename T, int D, int BN, int STAGES, int WGS>
+template <typename T, int D, int BN, int STAGES, int CONSUMERS, int PRODUCER_REGS, int CONSUMER_REGS>
 __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens, num_q_heads, D]
                               const T* __restrict__ query,        // [num_tokens, num_q_heads, D]
                               const T* __restrict__ key_cache,    // [num_blocks, num_kv_heads, block_size, D]
@@ -48,26 +53,33 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               const float* __restrict__ alibi_slopes,  // [num_q_heads] or nullptr
                               const int* __restrict__ work,          // [num_work, 2] (seq_idx, row_start)
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
-                              int max_blocks_per_seq, int causal) {
-  static_assert(STAGES >= 3, "a stage is refilled with the tile STAGES - 2 ahead, at least one");
-  constexpr int BM = 64 * WGS, THREADS = 128 * WGS;
+                              int max_blocks_per_seq, int causal,
+                              const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
+                              const TmaDesc& value_map) { // value_cache, the same
+  constexpr int BM = 64 * CONSUMERS;
   constexpr int CH = D / 8;            // 16-byte chunks per row
   constexpr int NT = BN / 8;           // 8-key n-tiles of S
   constexpr int DT = D / 8;            // 8-dim n-tiles of O
   constexpr unsigned TILE_BYTES = BN * D * 2;  // one K or V tile
   constexpr float LOG2E = 1.4426950408889634f;
+  constexpr int PRODUCER_THREADS = 128;
+  constexpr unsigned CONSUMER_WARPS = 4 * CONSUMERS;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // NOTE: the swizzle is a function of address bits 4-9: tiles start 1024-byte aligned.
   const unsigned q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;  // [BM rows]
-  const unsigned kv_s = q_s + BM * D * 2;     // [STAGES][K, V][BN rows]
-  // full[s]: every thread's copies into stage s have landed; empty[s]: every warp is done
-  // reading it (its P V waited for).
-  const unsigned full_bar = kv_s + STAGES * 2 * TILE_BYTES, empty_bar = full_bar + 8 * STAGES;
+  const unsigned k_s0 = q_s + BM * D * 2;                         // [STAGES][BN rows]
+  const unsigned v_s0 = k_s0 + STAGES * TILE_BYTES;               // [STAGES][BN rows]
+  const unsigned full_k = v_s0 + STAGES * TILE_BYTES, full_v = full_k + 8 * STAGES;
+  const unsigned empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, THREADS);
-      mbar_init(empty_bar + 8 * s, THREADS / 32);
+      // full: every producer thread's cp.async arrival, plus lane 0's arrival that announces
+      // the TMA bytes (the phase also waits for those bytes).
+      mbar_init(full_k + 8 * s, PRODUCER_THREADS + 1);
+      mbar_init(full_v + 8 * s, PRODUCER_THREADS + 1);
+      mbar_init(empty_k + 8 * s, CONSUMER_WARPS);
+      mbar_init(empty_v + 8 * s, CONSUMER_WARPS);
     }
   }
   __syncthreads();
@@ -83,62 +95,89 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   const int kv_len = context_lens[seq];
   const int history = kv_len - q_len;
   const int num_rows = q_len * group;
-  const int* block_table = block_tables + (long long)seq * max_blocks_per_seq;
-  const int block_shift = __ffs(block_size) - 1;  // block_size is a power of two (validated)
 
   const int last_token = (min(row0 + BM, num_rows) - 1) / group;
   const int first_token = row0 / group;
   const int kv_end = causal ? history + last_token + 1 : kv_len;
   const int num_kv_tiles = (kv_end + BN - 1) / BN;
-  const int num_full_tiles = causal ? min(history + first_token + 1, kv_len) / BN : kv_len / BN;
 
-  // ---- Q tile -> shared memory (rows past the sequence are zero); 16 threads read one row ----
-  for (int c = tid; c < BM * CH; c += THREADS) {
-    const int r = c / CH, ch = c % CH;
-    const unsigned dst = q_s + sw_off<BM>(r, ch);
-    const int row = row0 + r;
-    const T* src = query;
-    int bytes = 0;
-    if (row < num_rows) {
-      const int token = q_start + row / group;
-      const int head = kv_head * group + row % group;
-      src = query + ((long long)token * num_q_heads + head) * D + ch * 8;
-      bytes = 16;
-    }
-    cp_async_16(dst, src, bytes);
-  }
-
-  auto load_kv_tile = [&](int tile, int stage) {
-    const unsigned k_dst = kv_s + stage * 2 * TILE_BYTES;
-    const unsigned v_dst = k_dst + TILE_BYTES;
-    for (int c = tid; c < BN * CH; c += THREADS) {
+  if (wg == 0) {  // ---------------- the producer: copies only ----------------
+    setmaxnreg_dec<PRODUCER_REGS>();
+    const int* block_table = block_tables + (long long)seq * max_blocks_per_seq;
+    const int block_shift = __ffs(block_size) - 1;  // block_size is a power of two (validated)
+    // Q: rows past the sequence are zeros; it rides with K tile 0's barrier (a cp.async
+    // arrival covers every copy the thread issued before it).
+    for (int c = tid; c < BM * CH; c += PRODUCER_THREADS) {
       const int r = c / CH, ch = c % CH;
-      const unsigned o_ = sw_off<BN>(r, ch);
-      const int pos = tile * BN + r;
-      long long off = 0;
+      const int row = row0 + r;
+      const T* src = query;
       int bytes = 0;
-      if (pos < kv_len) {  // rows past the context are zero-filled, and masked
-        const long long block = block_table[pos >> block_shift];
-        off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
+      if (row < num_rows) {
+        const int token = q_start + row / group;
+        const int head = kv_head * group + row % group;
+        src = query + ((long long)token * num_q_heads + head) * D + ch * 8;
         bytes = 16;
       }
-      cp_async_16(k_dst + o_, key_cache + off, bytes);
-      cp_async_16(v_dst + o_, value_cache + off, bytes);
+      cp_async_16(q_s + sw_off<BM>(r, ch), src, bytes);
     }
-  };
-
-  // Prologue: tiles 0 .. STAGES - 3 in flight (Q rides with tile 0's barrier: the arrival
-  // covers every copy the thread issued before). A stage is refilled with the tile STAGES - 2
-  // ahead, once every warp has released it: its V is read by the P V issued one tile later.
+    // A tile is cut into boxes of box_rows = min(block_size, BN) keys, each inside one page.
+    const int box_rows = min(block_size, BN);
+    auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile) {
+      const int pos0 = tile * BN;
+      // Boxes wholly inside the context go by TMA (lane j of warp 0 asks for box j).
+      const int num_boxes = max(0, min(BN / box_rows, (kv_len - pos0) / box_rows));
+      if (tid == 0) mbar_arrive_expect_tx(full, (unsigned)(num_boxes * box_rows * D * 2));
+      __syncwarp();
+      if (tid < num_boxes) {
+        const int pos = pos0 + tid * box_rows;
+        const int block = block_table[pos >> block_shift];
+        const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
 #pragma unroll
-  for (int s = 0; s < STAGES - 2; ++s) {
-    if (s < num_kv_tiles) {
-      load_kv_tile(s, s);
-      mbar_arrive_cp_async(full_bar + 8 * s);
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_2d(dst + c * BN * 128 + tid * box_rows * 128, map, c * 64, cache_row, full);
+      }
+      // The rest (the context's last, partial page, and past it) by cp.async, zero-filled.
+      const int first_row = num_boxes * box_rows;
+      for (int c = tid; c < (BN - first_row) * CH; c += PRODUCER_THREADS) {
+        const int r = first_row + c / CH, ch = c % CH;
+        const int pos = pos0 + r;
+        long long off = 0;
+        int bytes = 0;
+        if (pos < kv_len) {
+          const long long block = block_table[pos >> block_shift];
+          off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
+          bytes = 16;
+        }
+        cp_async_16(dst + sw_off<BN>(r, ch), cache + off, bytes);
+      }
+      mbar_arrive_cp_async(full);
+    };
+    // The k-th reuse of a stage waits for the k-th release of it (phase parity (k - 1) & 1).
+    auto put_k = [&](int tile) {
+      const int st = tile % STAGES;
+      if (tile >= STAGES) mbar_wait(empty_k + 8 * st, ((tile / STAGES) - 1) & 1);
+      put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile);
+    };
+    auto put_v = [&](int tile) {
+      const int st = tile % STAGES;
+      if (tile >= STAGES) mbar_wait(empty_v + 8 * st, ((tile / STAGES) - 1) & 1);
+      put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile);
+    };
+    // In the order the consumers need them: iteration t reads K of t and V of t - 1.
+    if (num_kv_tiles > 0) put_k(0);
+    for (int tile = 0; tile < num_kv_tiles; ++tile) {
+      if (tile + 1 < num_kv_tiles) put_k(tile + 1);
+      put_v(tile);
     }
+    cp_async_wait<0>();  // no copy may land in shared memory after the CTA has exited
+    return;
   }
 
-  const int row_base = row0 + wg * 64 + warp_in_wg * 16 + lane / 4;
+  // ---------------- the consumers: wgmma and the softmax ----------------
+  setmaxnreg_inc<CONSUMER_REGS>();
+  const int cwg = wg - 1;  // consumer index: rows 64 cwg .. 64 cwg + 63 of the tile
+  const int num_full_tiles = causal ? min(history + first_token + 1, kv_len) / BN : kv_len / BN;
+  const int row_base = row0 + cwg * 64 + warp_in_wg * 16 + lane / 4;
   auto row_of = [&](int i) { return row_base + 8 * i; };
   auto q_pos_of = [&](int i) { return history + row_of(i) / group; };
   const bool has_alibi = alibi_slopes != nullptr;
@@ -151,7 +190,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V product
 
-  const unsigned q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows
+  const unsigned q_wg = q_s + cwg * 64 * 128;  // this consumer's 64 rows
   auto k_addr = [&](unsigned base, int kd) { return base + (kd / 4) * (unsigned)(BN * 128) + (kd % 4) * 32; };
   auto q_addr = [&](int kd) { return q_wg + (kd / 4) * (unsigned)(BM * 128) + (kd % 4) * 32; };
   // Descriptors (PTX ISA, "matrix descriptor"; 128-byte swizzle). Q and K are K-major: a k16
@@ -163,7 +202,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   constexpr unsigned K_LEAD = 16, K_STRIDE = 1024;
   constexpr unsigned V_LEAD = BN * 128, V_STRIDE = 1024;
   auto issue_pv = [&](int tile) {  // O += P V of `tile` (asynchronous: commit, wait later)
-    const unsigned v_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES + TILE_BYTES;
+    const unsigned v_s = v_s0 + (tile % STAGES) * TILE_BYTES;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       const unsigned v_addr = v_s + kk * 2048;  // keys 16 kk ..: two 8-row groups on
@@ -172,29 +211,18 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     wgmma_commit();
   };
 
-  // Software pipeline, per warpgroup: while the softmax of tile t runs on the CUDA cores, the
-  // tensor cores work on P V of tile t - 1 (issued just before, with S of tile t).
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
-    {
-      const int next = tile + STAGES - 2;
-      if (next < num_kv_tiles) {
-        const int st = next % STAGES;
-        // The stage last held tile - 2 (released in iteration tile - 1); its k-th reuse waits
-        // for the k-th completion of empty[st], phase parity k & 1.
-        if (tile >= 2) mbar_wait(empty_bar + 8 * st, ((tile - 2) / STAGES) & 1);
-        load_kv_tile(next, st);
-        mbar_arrive_cp_async(full_bar + 8 * st);
-      }
-    }
-    mbar_wait(full_bar + 8 * (tile % STAGES), (tile / STAGES) & 1);  // tile `tile` (and Q) landed
-    fence_proxy_async();  // other threads' cp.async writes, now seen, also for the tensor cores
-    const unsigned k_s = kv_s + (tile % STAGES) * 2 * TILE_BYTES;
+    const int st = tile % STAGES;
+    mbar_wait(full_k + 8 * st, (tile / STAGES) & 1);  // K of this tile (and Q) landed
+    if (tile > 0) mbar_wait(full_v + 8 * ((tile - 1) % STAGES), ((tile - 1) / STAGES) & 1);
+    fence_proxy_async();  // the producer's cp.async writes, now seen, also for the tensor cores
 
-    // S = Q K^T: 64 rows x BN keys per warpgroup, D / 16 wgmma; then P V of the previous tile.
+    // S = Q K^T: 64 rows x BN keys per consumer, D / 16 wgmma; then P V of the previous tile.
     float s[NT * 4];
 #pragma unroll
     for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
     wgmma_fence();
+    const unsigned k_s = k_s0 + st * TILE_BYTES;
 #pragma unroll
     for (int kd = 0; kd < D / 16; ++kd) {
       wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), K_LEAD, K_STRIDE, SWZ),
@@ -207,6 +235,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     } else {
       wgmma_wait<0>();
     }
+    if (lane == 0) mbar_arrive(empty_k + 8 * st);  // this warp is done with K of this tile
 #pragma unroll
     for (int k = 0; k < NT * 4; ++k) reg_fence(s[k]);
 
@@ -263,7 +292,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       l_run[i] = l_run[i] * alpha[i] + sum;
     }
     wgmma_wait<0>();  // P V of the previous tile is in O, and its P registers are free
-    if (tile > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((tile - 1) % STAGES));  // released
+    if (tile > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((tile - 1) % STAGES));  // V released
 #pragma unroll
     for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
 #pragma unroll
@@ -283,15 +312,17 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     }
   }
   if (num_kv_tiles > 0) {  // the last tile's P V
+    const int last = num_kv_tiles - 1;
+    mbar_wait(full_v + 8 * (last % STAGES), (last / STAGES) & 1);
+    fence_proxy_async();
 #pragma unroll
     for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
     wgmma_fence();
-    issue_pv(num_kv_tiles - 1);
+    issue_pv(last);
     wgmma_wait<0>();
 #pragma unroll
     for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
   }
-  cp_async_wait<0>();  // no copy may land in shared memory after the CTA has exited
 
   // ---- O / l -> out ----
 #pragma unroll
@@ -315,21 +346,26 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 
 }  // namespace pagedlab
 
-#define PAGEDLAB_WGMMA(NAME, T, D, BN, STAGES, WGS)                                                 \
-  extern "C" __global__ void __launch_bounds__(128 * WGS, 1)                                        \
+// One producer warpgroup + CONSUMERS consumer warpgroups. Registers: the launch bound gives each
+// of the 384 threads 168; the producer drops to 40 and the consumers rise to 232
+// (128 x 40 + 256 x 232 = 384 x 168: the CTA's budget moved, not grown).
+#define PAGEDLAB_WGMMA(NAME, T, D)                                                                  \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                              \
   NAME(T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,  \
        const int* cu_seqlens_q, const int* context_lens, const float* alibi_slopes,                \
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
-       int max_blocks_per_seq, int causal) {                                                       \
-    pagedlab::prefill_wgmma<T, D, BN, STAGES, WGS>(out, query, key_cache, value_cache,             \
-                                                   block_tables, cu_seqlens_q, context_lens,       \
-                                                   alibi_slopes, work, scale, num_q_heads,         \
-                                                   num_kv_heads, block_size, max_blocks_per_seq,   \
-                                                   causal);                                        \
+       int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
+       const __grid_constant__ pagedlab::TmaDesc value_map) {                                      \
+    pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
+                                                      block_tables, cu_seqlens_q, context_lens,    \
+                                                      alibi_slopes, work, scale, num_q_heads,      \
+                                                      num_kv_heads, block_size,                    \
+                                                      max_blocks_per_seq, causal, key_map,         \
+                                                      value_map);                                  \
   }
 
-// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 64 keys, 4 stages, 3 warpgroups.
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64, 64, 4, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128, 64, 4, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64, 64, 4, 3)
-PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128, 64, 4, 3)
+// Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 128 keys, 2 stages, 2 consumers.
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d64, __half, 64)
+PAGEDLAB_WGMMA(prefill_wgmma_f16_d128, __half, 128)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d64, __nv_bfloat16, 64)
+PAGEDLAB_WGMMA(prefill_wgmma_bf16_d128, __nv_bfloat16, 128)

@@ -1,0 +1,157 @@
+"""TMA tensor maps over a paged KV cache, for Lab 5's Hopper kernel (given code, trusted).
+
+Hopper's tensor memory accelerator (TMA) copies a whole box of a tensor from global to shared
+memory when one thread asks (``cp.async.bulk.tensor``, ``tma_load_2d`` in
+``reference/include/pagedlab_wgmma.cuh``). What it copies is described by a *tensor map*: 128
+bytes the driver encodes on the host (``cuTensorMapEncodeTiled``) holding the tensor's base
+address, sizes and strides, the box shape and the shared-memory swizzle. The kernel takes it by
+value, as a ``const __grid_constant__`` parameter.
+
+:func:`tensor_map` builds the map Lab 5 uses: the cache ``[num_blocks, num_kv_heads,
+block_size, head_size]`` seen as a 2-D tensor of ``num_blocks * num_kv_heads * block_size`` rows
+of ``head_size`` elements, boxes of ``box_rows`` rows x 64 columns (128 bytes), written in the
+128-byte swizzle layout the ``wgmma`` descriptors read. Row ``(block * num_kv_heads + kv_head) *
+block_size + slot`` is key ``slot`` of page ``block`` for ``kv_head``.
+
+A map holds an address, so a plan (``reference.launch_plan``) cannot re-point it like a
+pointer: it keeps the :class:`TensorMap` and re-encodes it for each run's cache address
+(:meth:`TensorMap.at`, cached per address, so a run on the same cache costs a dict lookup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+#: A tensor map as a kernel argument: 128 bytes, passed by value (CuPy packs the structured
+#: scalar's bytes; the kernel's parameter type is 64-byte aligned).
+TMAP_DTYPE = np.dtype([("words", "<u8", (16,))], align=True)
+TMAP_BYTES = 128
+#: Columns per box: 64 16-bit elements, the 128 bytes of the swizzle's row.
+BOX_COLS = 64
+
+# cuTensorMapEncodeTiled's enums (CUDA driver API, cuda.h).
+_DTYPES = {"float16": 6, "bfloat16": 9}
+_INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_FILL_NONE = 0, 3, 2, 0
+
+
+class TensorMapError(RuntimeError):
+    """The driver refused to encode a tensor map (its CUresult is in the message)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _encoder():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+@functools.lru_cache(maxsize=256)
+def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int) -> np.void:
+    """Encodes the 2-D map of ``rows`` x ``head_size`` 16-bit elements at ``address``.
+
+    Args:
+        address: the cache's device address (16-byte aligned).
+        rows: ``num_blocks * num_kv_heads * block_size``.
+        head_size: elements per row (a multiple of 64).
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        box_rows: rows per box (1..256).
+
+    Returns:
+        The map as a 128-byte NumPy structured scalar (:data:`TMAP_DTYPE`), ready to pass.
+
+    Raises:
+        TensorMapError: the driver refused (its error code in the message).
+    """
+    buf = ctypes.create_string_buffer(TMAP_BYTES + 64)
+    base = (ctypes.addressof(buf) + 63) & ~63  # the driver wants the map 64-byte aligned
+    dims = (ctypes.c_uint64 * 2)(head_size, rows)
+    strides = (ctypes.c_uint64 * 1)(head_size * 2)  # bytes from a row to the next
+    box = (ctypes.c_uint32 * 2)(BOX_COLS, box_rows)
+    steps = (ctypes.c_uint32 * 2)(1, 1)
+    err = _encoder()(ctypes.c_void_p(base), _DTYPES[dtype], 2, ctypes.c_void_p(address), dims,
+                     strides, box, steps, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B,
+                     _OOB_FILL_NONE)
+    if err:
+        raise TensorMapError(f"cuTensorMapEncodeTiled returned CUresult {err} for a {rows} x "
+                             f"{head_size} {dtype} tensor at {address:#x}, box {box_rows} x "
+                             f"{BOX_COLS}")
+    return np.frombuffer(ctypes.string_at(base, TMAP_BYTES), dtype=TMAP_DTYPE)[0]
+
+
+class TensorMap:
+    """A kernel argument: the tensor map of one cache (see :func:`tensor_map`).
+
+    ``reference.cuda.launch`` passes :attr:`value`; a plan keeps the object and calls
+    :meth:`at` with each run's cache address.
+
+    Attributes:
+        address: the cache's device address the map was made for.
+        rows: rows of the 2-D view.
+        head_size: elements per row.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        box_rows: rows per box.
+    """
+
+    __slots__ = ("address", "rows", "head_size", "dtype", "box_rows")
+
+    def __init__(self, address: int, rows: int, head_size: int, dtype: str, box_rows: int):
+        self.address, self.rows, self.head_size = int(address), int(rows), int(head_size)
+        self.dtype, self.box_rows = dtype, int(box_rows)
+
+    @property
+    def value(self) -> np.void:
+        """The encoded map for :attr:`address`."""
+        return self.at(self.address)
+
+    def at(self, address: int) -> np.void:
+        """The same map for a cache of the same shape at ``address`` (cached per address)."""
+        return encode(int(address), self.rows, self.head_size, self.dtype, self.box_rows)
+
+    def __repr__(self) -> str:
+        return (f"TensorMap({self.rows} x {self.head_size} {self.dtype} at {self.address:#x}, "
+                f"box {self.box_rows} x {BOX_COLS})")
+
+
+def tensor_map(cache, box_rows: int) -> TensorMap:
+    """The TMA map of a paged cache for Lab 5's Hopper kernel.
+
+    Args:
+        cache: [num_blocks, num_kv_heads, block_size, head_size] float16 or bfloat16, a
+            contiguous CUDA torch tensor (or CuPy array), 16-byte aligned; head_size a multiple
+            of 64.
+        box_rows: keys per box: ``min(block_size, WGMMA_BLOCK_N)`` — a box never crosses a
+            page (1..256).
+
+    Returns:
+        A :class:`TensorMap` to put in the kernel's argument list.
+
+    Raises:
+        TypeError: ``cache`` is not a 16-bit CUDA tensor.
+        ValueError: not 4-D, not contiguous, misaligned, or a head size or box the map cannot
+            describe.
+    """
+    from reference.cuda import as_torch
+
+    t = as_torch(cache)
+    dtype = str(t.dtype).replace("torch.", "")
+    if dtype not in _DTYPES or t.device.type != "cuda":
+        raise TypeError(f"cache must be a float16 or bfloat16 CUDA tensor, got {dtype} on "
+                        f"{t.device}")
+    if t.dim() != 4 or not t.is_contiguous():
+        raise ValueError(f"cache must be a contiguous [num_blocks, num_kv_heads, block_size, "
+                         f"head_size] tensor, got shape {tuple(t.shape)}")
+    head_size = t.shape[-1]
+    if head_size % BOX_COLS or t.data_ptr() % 16:
+        raise ValueError(f"cache must have a head size that is a multiple of {BOX_COLS} and a "
+                         f"16-byte aligned address, got head size {head_size}")
+    if not 1 <= int(box_rows) <= 256:
+        raise ValueError(f"box_rows must be in 1..256, got {box_rows}")
+    return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows)
