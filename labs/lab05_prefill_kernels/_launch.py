@@ -366,12 +366,13 @@ def scalars(scale, shapes: PrefillShapes, causal: bool):
 
 
 def wgmma_shared_bytes(head_size: int) -> int:
-    """Dynamic shared memory of the Hopper kernel: the Q tile and WGMMA_STAGES stages of K and V
-    tiles (16-bit, unpadded: the 128-byte swizzle keeps them conflict-free), four 8-byte
-    mbarriers per stage after them (full and empty, for K and for V), and 1 KiB so the kernel
-    can start its tiles on a 1024-byte boundary (the swizzle pattern's period)."""
-    tiles = (WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2
-    return tiles + 4 * 8 * WGMMA_STAGES + 1024
+    """Dynamic shared memory of the Hopper kernel: two Q tiles (one per item in flight),
+    WGMMA_STAGES stages of K tiles and of V tiles (16-bit, unpadded: the 128-byte swizzle keeps
+    them conflict-free), 8-byte mbarriers after them (full and empty for each K and V stage and
+    for each Q buffer), and 1 KiB so the kernel can start its tiles on a 1024-byte boundary (the
+    swizzle pattern's period)."""
+    tiles = (2 * WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2
+    return tiles + 8 * (4 * WGMMA_STAGES + 4) + 1024
 
 
 def tiled_shared_bytes(head_size: int, dtype: str) -> int:

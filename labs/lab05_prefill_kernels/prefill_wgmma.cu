@@ -1,14 +1,20 @@
 // Lab 5.6 — the Hopper paged prefill kernel (your task: TODO(lab5.6) below) (wgmma.mma_async + TMA, sm_90a; fp16/bf16 in, fp32 acc).
 //
-// The same work as prefill_tc.cu (one CTA per (row tile, KV head), rows = (token, query head)
-// pairs stacked token-major so one K/V tile serves the whole GQA group), on Hopper's warpgroup
-// tensor cores, with the warps split by role ("warp specialisation"):
+// The same work as prefill_tc.cu — work items (row tile, KV head), rows = (token, query head)
+// pairs stacked token-major so one K/V tile serves the whole GQA group — on Hopper's warpgroup
+// tensor cores, with the warps split by role ("warp specialisation") and the CTAs persistent:
 //
-//   warpgroup 0, the producer, only moves data: Q once by cp.async, then K and V tiles of
-//   BN = 128 keys into a ring of STAGES = 2 stages. Whole pages arrive by TMA (one lane asks
-//   the copy engine for a page's rows; the engine writes them swizzled and counts their bytes
-//   on the stage's mbarrier); the part of the last tile past the last whole page by cp.async,
-//   zero-filled past the context. It gives most of its registers away (setmaxnreg.dec).
+//   The grid has at most one CTA per SM; CTA b takes items b, 2G - 1 - b, 2G + b, ... of the
+//   heaviest-first list (G = gridDim.x; the zigzag evens out what each CTA gets), so a CTA's
+//   start-up is paid once, and the next item's Q and first K tile load while the last item
+//   finishes.
+//
+//   warpgroup 0, the producer, only moves data: Q by cp.async into one of two buffers, then K
+//   and V tiles of BN = 128 keys into a ring of STAGES = 2 stages each. Whole pages arrive by
+//   TMA (one lane asks the copy engine for a page's rows; the engine writes them swizzled and
+//   counts their bytes on the stage's mbarrier); the part of a tile past the context's last
+//   whole page by cp.async, zero-filled past the context. It gives most of its registers away
+//   (setmaxnreg.dec).
 //
 //   warpgroups 1 and 2, the consumers, 64 rows each (BM = 128), take those registers
 //   (setmaxnreg.inc) and compute: S = Q K^T with Q and K straight from shared memory
@@ -17,17 +23,22 @@
 //   t and P V of tile t - 1 are issued together, and the softmax of tile t (CUDA cores) runs
 //   while the tensor cores do P V.
 //
-//   K and V have their own rings of mbarriers: full_k[s] / full_v[s] complete when a tile's
-//   bytes have landed, empty_k[s] / empty_v[s] when every consumer warp has finished reading
-//   it (K after its S, V after its P V, one tile later), so the producer refills K early.
+//   Every buffer changes hands through mbarriers: full_k[s] / full_v[s] / q_full[b] complete
+//   when a tile has landed, empty_k[s] / empty_v[s] / q_empty[b] when every consumer warp has
+//   finished reading it (K after its S, V after its P V, one tile later, Q after the item's last
+//   S). The K/V rings run on across items: g, a CTA's running tile count, names the stage
+//   (g % STAGES) and the phase (g / STAGES).
 //
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
-// which is also the layout TMA writes with the tensor maps the launcher builds
+// which is also the layout TMA writes with the tensor maps the launcher passes
 // (reference/tma.py: box of 64 columns x min(block_size, BN) rows, 128-byte swizzle).
 // Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s): every thread copying by cp.async, three
 // warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
 // address arithmetic and copies were the bottleneck: with the copies skipped the consumers ran
-// 540); the TMA producer 451 / 435.
+// 540); the TMA producer 451 / 435; persistent CTAs 471 / 431, and P1 / P2 / P6 260 -> 282,
+// 406 -> 425, 44 -> 59 (P5, two 4096-token MHA prompts, 390 -> 366: a CTA's items spread over
+// more heads' K/V than L2 holds). The committed benchmark: P1-P6 293 / 383 / 442 / 405 / 374 /
+// 67, 0.89-0.98x FlashInfer's fa3 backend on P1-P5.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -55,39 +66,46 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal,
                               const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
-                              const TmaDesc& value_map) { // value_cache, the same
-  // TODO(lab5.6): the Hopper kernel. One CTA per (row tile, KV head) as in prefill_tc.cu
-  // (item = blockIdx.x / num_kv_heads, rows = (token, query head) pairs of the GQA group);
-  // BM = 64 * CONSUMERS rows. Warpgroup 0 (threads 0..127) is the producer; warpgroup
-  // 1 + c (c < CONSUMERS) is consumer c and owns rows 64 c .. 64 c + 63.
-  // Shared memory (wgmma_shared_bytes): round the base up to 1024 bytes; then Q [BM rows], then
-  // STAGES K tiles, then STAGES V tiles [BN rows each], every tile in the 128-byte swizzle
-  // layout (sw_off<rows>); then four rings of STAGES mbarriers: full_k, full_v (count 129: the
-  // producer's 128 cp.async arrivals + the one that announces the TMA bytes) and empty_k,
-  // empty_v (count 4 * CONSUMERS: one per consumer warp), set up by one thread, __syncthreads().
-  //   producer: setmaxnreg_dec<PRODUCER_REGS>(); cp.async Q (rows past the sequence: zeros; it
-  //     rides with K tile 0's barrier). Then K 0, and for each tile t: K t + 1, V t — each into
-  //     stage tile % STAGES after waiting, from its second use on, for empty (phase parity of
-  //     that stage's previous use). Filling one tile: cut it into boxes of
-  //     box_rows = min(block_size, BN) keys; thread 0 mbar_arrive_expect_tx(full, bytes of the
-  //     boxes wholly inside the context); __syncwarp(); lane j of warp 0 loads box j with
-  //     tma_load_2d (one per 64 columns: column c * 64, cache row (block * num_kv_heads +
-  //     kv_head) * block_size + slot, to the box's place in the tile); the rows after the last
-  //     whole box by cp.async (zeros past kv_len); then every producer thread
-  //     mbar_arrive_cp_async(full). Finally cp_async_wait<0>() and return.
-  //   consumers: setmaxnreg_inc<CONSUMER_REGS>(); loop t: mbar_wait full_k of t (and, for
-  //     t > 0, full_v of t - 1); fence_proxy_async();
+                              const TmaDesc& value_map,   // value_cache, the same
+                              int num_items) {            // work items x KV heads
+  // TODO(lab5.6): the Hopper kernel. Work items are (row tile, KV head) pairs, idx in
+  // 0 .. num_items - 1 (item = idx / num_kv_heads, kv_head = idx % num_kv_heads; rows =
+  // (token, query head) pairs of the GQA group, as in prefill_tc.cu); BM = 64 * CONSUMERS rows.
+  // Persistent: CTA b takes, for n = 0, 1, ..., idx = n * gridDim.x + (n odd ? gridDim.x - 1 - b
+  // : b) until idx >= num_items. Warpgroup 0 (threads 0..127) is the producer; warpgroup 1 + c
+  // (c < CONSUMERS) is consumer c and owns rows 64 c .. 64 c + 63.
+  // Shared memory (wgmma_shared_bytes): round the base up to 1024 bytes; then two Q buffers
+  // [BM rows] (item n uses buffer n % 2), STAGES K tiles, STAGES V tiles [BN rows each], every
+  // tile in the 128-byte swizzle layout (sw_off<rows>); then mbarriers: full_k, full_v [STAGES]
+  // (count 129: the producer's 128 cp.async arrivals + the one that announces the TMA bytes),
+  // empty_k, empty_v [STAGES] (count 4 * CONSUMERS: one per consumer warp), q_full [2] (count
+  // 128), q_empty [2] (count 4 * CONSUMERS); set up by one thread, then __syncthreads().
+  // The K/V rings run on across items: with g = (tiles of the CTA's earlier items) + tile,
+  // stage g % STAGES, phase parity (g / STAGES) & 1.
+  //   producer: setmaxnreg_dec<PRODUCER_REGS>(); per item: from the third item on, wait
+  //     q_empty of its buffer; cp.async Q (rows past the sequence: zeros); mbar_arrive_cp_async
+  //     (q_full). Then K 0, and for each tile t: K t + 1, V t — each into its stage after
+  //     waiting, from the stage's second use on, for empty (parity of the previous use).
+  //     Filling one tile: cut it into boxes of box_rows = min(block_size, BN) keys; thread 0
+  //     mbar_arrive_expect_tx(full, bytes of the boxes wholly inside the context);
+  //     __syncwarp(); lane j of warp 0 loads box j with tma_load_2d (one per 64 columns: column
+  //     c * 64, cache row (block * num_kv_heads + kv_head) * block_size + slot, to the box's
+  //     place in the tile); the rows after the last whole box by cp.async (zeros past kv_len);
+  //     then every producer thread mbar_arrive_cp_async(full). Finally cp_async_wait<0>().
+  //   consumers: setmaxnreg_inc<CONSUMER_REGS>(); per item: O, m, l reset; wait q_full of its
+  //     buffer; loop t: mbar_wait full_k of t (and, for t > 0, full_v of t - 1);
+  //     fence_proxy_async();
   //     S = Q K^T: wgmma_fence(); D / 16 x wgmma_ss(WgmmaShape<BN>, ...), descriptors
   //     with swizzle mode 1 (K-major: k16 step = +32 bytes inside a 128-byte row, next
   //     64-column block at + rows * 128; stride 1024); wgmma_commit();
   //     if t > 0: O += P V of tile t - 1 (BN / 16 x wgmma_rs_tb, V MN-major: leading
   //     offset BN * 128, stride 1024; commit), then wgmma_wait<1>(); else wgmma_wait<0>();
-  //     lane 0 of each warp releases K of t (mbar_arrive on empty_k);
+  //     lane 0 of each warp releases K of t (mbar_arrive on empty_k), and Q after the last t;
   //     mask / ALiBi / online softmax on S exactly as in prefill_tc.cu (the accumulator
   //     layout is mma.sync's, repeated along N); wgmma_wait<0>(); lane 0 releases V of t - 1;
   //     rescale O; pack P.
-  //   after the loop: O += P V of the last tile (wait for its V first); O / l -> out (rows
-  //   past the sequence: not written).
+  //   after the loop: O += P V of the last tile (wait for its V first, release it after);
+  //   O / l -> out (rows past the sequence: not written).
   // reg_fence every accumulator register around each wait (the compiler does not know wgmma
   // is asynchronous).
 }
@@ -103,13 +121,13 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
        const int* cu_seqlens_q, const int* context_lens, const float* alibi_slopes,                \
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
        int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
-       const __grid_constant__ pagedlab::TmaDesc value_map) {                                      \
+       const __grid_constant__ pagedlab::TmaDesc value_map, int num_items) {                       \
     pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
                                                       block_tables, cu_seqlens_q, context_lens,    \
                                                       alibi_slopes, work, scale, num_q_heads,      \
                                                       num_kv_heads, block_size,                    \
                                                       max_blocks_per_seq, causal, key_map,         \
-                                                      value_map);                                  \
+                                                      value_map, num_items);                       \
   }
 
 // Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 128 keys, 2 stages, 2 consumers.

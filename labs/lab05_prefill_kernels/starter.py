@@ -72,7 +72,7 @@ from reference.checks import (  # noqa: F401
     check_scale,
     dtype_name,
 )
-from reference.cuda import as_torch, get_kernel, launch, like_input, ptr  # noqa: F401
+from reference.cuda import as_torch, get_kernel, launch, like_input, num_sms, ptr  # noqa: F401
 from reference.errors import UnsupportedConfigError
 from reference.tma import tensor_map  # noqa: F401  (the Hopper kernel's TMA maps)
 
@@ -301,9 +301,10 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     """Varlen paged prefill on Hopper's warpgroup tensor cores (wgmma, fp16/bf16 in, fp32
     accumulate; compute capability 9.0 only).
 
-    A CTA per (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head): a producer warpgroup that copies
-    (K and V pages by TMA) and two consumer warpgroups of 64 rows, rows being (token, query
-    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`. The plan needs
+    Work items are (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head), rows being (token, query
+    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`; persistent CTAs (at
+    most one per SM) loop over them, each with a producer warpgroup that copies (K and V pages
+    by TMA) and two consumer warpgroups of 64 rows. The plan needs
     ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = 128``, ``block_n = 128``.
     Arguments and return value as :func:`paged_prefill_naive`.
 
@@ -318,11 +319,12 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
                                    plan, debug)
     # TODO(lab5.6): write prefill_wgmma.cu, then get the kernel named
     # "prefill_wgmma_<tag>_d<head_size>" — before checking for work, so that a GPU that is not
-    # Hopper refuses even an empty batch — and, when plan.work is not empty, launch it with grid
-    # (len(plan.work) * num_kv_heads,), block (WGMMA_THREADS,), shared memory
+    # Hopper refuses even an empty batch — and, when plan.work is not empty, launch it with
+    # num_items = len(plan.work) * num_kv_heads, grid (min(num_items, num_sms(device)),) — one
+    # persistent CTA per SM at most —, block (WGMMA_THREADS,), shared memory
     # wgmma_shared_bytes(head_size), arguments as the tensor-core kernel followed by the TMA maps
-    # of the two caches: tensor_map(key_cache, box_rows), tensor_map(value_cache, box_rows)
-    # with box_rows = min(block_size, WGMMA_BLOCK_N).
+    # of the two caches, tensor_map(key_cache, box_rows) and tensor_map(value_cache, box_rows)
+    # with box_rows = min(block_size, WGMMA_BLOCK_N), and np.int32(num_items).
     raise NotImplementedError("TODO(lab5.6): paged_prefill_wgmma — launch the Hopper kernel")
 
 

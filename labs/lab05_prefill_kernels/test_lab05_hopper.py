@@ -39,13 +39,18 @@ HOPPER_SKIP = hopper_skip_reason()
 #: Part C's 16-bit batches, and what only the Hopper kernel's 128-row tile, 128-key KV tiles and
 #: TMA boxes can get wrong: GQA groups that do not divide 128 (5, 7; 40 query heads over 8 KV
 #: heads is a real model), block sizes 8 (16 boxes a tile), 32, 64 and 128 (one box a tile),
-#: contexts that end on and off a page and a tile boundary, non-causal with bf16.
+#: contexts that end on and off a page and a tile boundary, non-causal with bf16, and a batch
+#: of far more work items than a GPU has SMs (the persistent CTAs' loop).
 HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
     ("f16-d128-bs32-gqa5-history", "float16", [70, 250, 3, 191], [300, 0, 129, 5], 10, 2, 128, 32, False, True),
     ("bf16-d128-bs128-gqa4-history", "bfloat16", [130, 1, 255], [128, 383, 1], 8, 2, 128, 128, False, True),
     ("bf16-d64-bs64-gqa7-alibi", "bfloat16", [97, 40], [64, 200], 14, 2, 64, 64, True, True),
     ("f16-d64-bs8-gqa6-noncausal", "float16", [33, 120], [10, 0], 12, 2, 64, 8, False, False),
     ("bf16-d128-bs16-gqa4-noncausal-alibi", "bfloat16", [150, 7], [0, 90], 8, 2, 128, 16, True, False),
+    # ~460 work items: every persistent CTA takes several, both Q buffers turn over, and the
+    # K/V rings run on from one item into the next.
+    ("f16-d128-bs16-gqa4-many-items", "float16", [(37 * i) % 250 + 1 for i in range(48)],
+     [(53 * i) % 400 for i in range(48)], 8, 2, 128, 16, False, True),
 ]
 needs_hopper = pytest.mark.skipif(HOPPER_SKIP is not None, reason=HOPPER_SKIP or "")
 KERNEL = "wgmma"
@@ -59,7 +64,8 @@ def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
     sizes 8 to 128, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
     every output matches the float64 oracle — the wgmma descriptors, the TMA boxes and the
     swizzled tiles, the pipelined softmax, contexts whose last page is partial (its keys come
-    by cp.async) and row tiles that split a token's heads."""
+    by cp.async), row tiles that split a token's heads, and persistent CTAs that take many
+    items one after another."""
     name, dtype, q_lens, hist, hq, hkv, d, bs, alibi, causal = case
     run_case(impl, KERNEL, 11, q_lens, hist, hq, hkv, d, bs, dtype=dtype, alibi=alibi,
              causal=causal, what=name)

@@ -1,14 +1,20 @@
 // Lab 5.6 — the Hopper paged prefill kernel (wgmma.mma_async + TMA, sm_90a; fp16/bf16 in, fp32 acc).
 //
-// The same work as prefill_tc.cu (one CTA per (row tile, KV head), rows = (token, query head)
-// pairs stacked token-major so one K/V tile serves the whole GQA group), on Hopper's warpgroup
-// tensor cores, with the warps split by role ("warp specialisation"):
+// The same work as prefill_tc.cu — work items (row tile, KV head), rows = (token, query head)
+// pairs stacked token-major so one K/V tile serves the whole GQA group — on Hopper's warpgroup
+// tensor cores, with the warps split by role ("warp specialisation") and the CTAs persistent:
 //
-//   warpgroup 0, the producer, only moves data: Q once by cp.async, then K and V tiles of
-//   BN = 128 keys into a ring of STAGES = 2 stages. Whole pages arrive by TMA (one lane asks
-//   the copy engine for a page's rows; the engine writes them swizzled and counts their bytes
-//   on the stage's mbarrier); the part of the last tile past the last whole page by cp.async,
-//   zero-filled past the context. It gives most of its registers away (setmaxnreg.dec).
+//   The grid has at most one CTA per SM; CTA b takes items b, 2G - 1 - b, 2G + b, ... of the
+//   heaviest-first list (G = gridDim.x; the zigzag evens out what each CTA gets), so a CTA's
+//   start-up is paid once, and the next item's Q and first K tile load while the last item
+//   finishes.
+//
+//   warpgroup 0, the producer, only moves data: Q by cp.async into one of two buffers, then K
+//   and V tiles of BN = 128 keys into a ring of STAGES = 2 stages each. Whole pages arrive by
+//   TMA (one lane asks the copy engine for a page's rows; the engine writes them swizzled and
+//   counts their bytes on the stage's mbarrier); the part of a tile past the context's last
+//   whole page by cp.async, zero-filled past the context. It gives most of its registers away
+//   (setmaxnreg.dec).
 //
 //   warpgroups 1 and 2, the consumers, 64 rows each (BM = 128), take those registers
 //   (setmaxnreg.inc) and compute: S = Q K^T with Q and K straight from shared memory
@@ -17,17 +23,22 @@
 //   t and P V of tile t - 1 are issued together, and the softmax of tile t (CUDA cores) runs
 //   while the tensor cores do P V.
 //
-//   K and V have their own rings of mbarriers: full_k[s] / full_v[s] complete when a tile's
-//   bytes have landed, empty_k[s] / empty_v[s] when every consumer warp has finished reading
-//   it (K after its S, V after its P V, one tile later), so the producer refills K early.
+//   Every buffer changes hands through mbarriers: full_k[s] / full_v[s] / q_full[b] complete
+//   when a tile has landed, empty_k[s] / empty_v[s] / q_empty[b] when every consumer warp has
+//   finished reading it (K after its S, V after its P V, one tile later, Q after the item's last
+//   S). The K/V rings run on across items: g, a CTA's running tile count, names the stage
+//   (g % STAGES) and the phase (g / STAGES).
 //
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
-// which is also the layout TMA writes with the tensor maps the launcher builds
+// which is also the layout TMA writes with the tensor maps the launcher passes
 // (reference/tma.py: box of 64 columns x min(block_size, BN) rows, 128-byte swizzle).
 // Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s): every thread copying by cp.async, three
 // warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
 // address arithmetic and copies were the bottleneck: with the copies skipped the consumers ran
-// 540); the TMA producer 451 / 435.
+// 540); the TMA producer 451 / 435; persistent CTAs 471 / 431, and P1 / P2 / P6 260 -> 282,
+// 406 -> 425, 44 -> 59 (P5, two 4096-token MHA prompts, 390 -> 366: a CTA's items spread over
+// more heads' K/V than L2 holds). The committed benchmark: P1-P6 293 / 383 / 442 / 405 / 374 /
+// 67, 0.89-0.98x FlashInfer's fa3 backend on P1-P5.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -55,7 +66,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal,
                               const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
-                              const TmaDesc& value_map) { // value_cache, the same
+                              const TmaDesc& value_map,   // value_cache, the same
+                              int num_items) {            // work items x KV heads
   constexpr int BM = 64 * CONSUMERS;
   constexpr int CH = D / 8;            // 16-byte chunks per row
   constexpr int NT = BN / 8;           // 8-key n-tiles of S
@@ -67,12 +79,17 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // NOTE: the swizzle is a function of address bits 4-9: tiles start 1024-byte aligned.
-  const unsigned q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;  // [BM rows]
-  const unsigned k_s0 = q_s + BM * D * 2;                         // [STAGES][BN rows]
+  const unsigned q_s0 = (smem_addr(smem_raw) + 1023u) & ~1023u;  // [2][BM rows]
+  const unsigned k_s0 = q_s0 + 2 * BM * D * 2;                     // [STAGES][BN rows]
   const unsigned v_s0 = k_s0 + STAGES * TILE_BYTES;               // [STAGES][BN rows]
   const unsigned full_k = v_s0 + STAGES * TILE_BYTES, full_v = full_k + 8 * STAGES;
   const unsigned empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES;
+  const unsigned q_full = empty_v + 8 * STAGES, q_empty = q_full + 16;  // [2] each
   if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(q_full + 8 * b, PRODUCER_THREADS);
+      mbar_init(q_empty + 8 * b, CONSUMER_WARPS);
+    }
     for (int s = 0; s < STAGES; ++s) {
       // full: every producer thread's cp.async arrival, plus lane 0's arrival that announces
       // the TMA bytes (the phase also waits for those bytes).
@@ -85,89 +102,108 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   __syncthreads();
 
   const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid / 32) % 4, lane = tid % 32;
-  const int item = blockIdx.x / num_kv_heads;
-  const int kv_head = blockIdx.x % num_kv_heads;
-  const int seq = work[2 * item];
-  const int row0 = work[2 * item + 1];
   const int group = num_q_heads / num_kv_heads;
-  const int q_start = cu_seqlens_q[seq];
-  const int q_len = cu_seqlens_q[seq + 1] - q_start;
-  const int kv_len = context_lens[seq];
-  const int history = kv_len - q_len;
-  const int num_rows = q_len * group;
-
-  const int last_token = (min(row0 + BM, num_rows) - 1) / group;
-  const int first_token = row0 / group;
-  const int kv_end = causal ? history + last_token + 1 : kv_len;
-  const int num_kv_tiles = (kv_end + BN - 1) / BN;
+  struct Item { int kv_head, seq, row0, q_start, num_rows, kv_len, history, first_token, num_kv_tiles; };
+  auto item_of = [&](int idx) {
+    Item w;
+    const int item = idx / num_kv_heads;
+    w.kv_head = idx % num_kv_heads;
+    w.seq = work[2 * item];
+    w.row0 = work[2 * item + 1];
+    w.q_start = cu_seqlens_q[w.seq];
+    const int q_len = cu_seqlens_q[w.seq + 1] - w.q_start;
+    w.kv_len = context_lens[w.seq];
+    w.history = w.kv_len - q_len;
+    w.num_rows = q_len * group;
+    const int last_token = (min(w.row0 + BM, w.num_rows) - 1) / group;
+    w.first_token = w.row0 / group;
+    const int kv_end = causal ? w.history + last_token + 1 : w.kv_len;
+    w.num_kv_tiles = (kv_end + BN - 1) / BN;
+    return w;
+  };
 
   if (wg == 0) {  // ---------------- the producer: copies only ----------------
     setmaxnreg_dec<PRODUCER_REGS>();
-    const int* block_table = block_tables + (long long)seq * max_blocks_per_seq;
     const int block_shift = __ffs(block_size) - 1;  // block_size is a power of two (validated)
-    // Q: rows past the sequence are zeros; it rides with K tile 0's barrier (a cp.async
-    // arrival covers every copy the thread issued before it).
-    for (int c = tid; c < BM * CH; c += PRODUCER_THREADS) {
-      const int r = c / CH, ch = c % CH;
-      const int row = row0 + r;
-      const T* src = query;
-      int bytes = 0;
-      if (row < num_rows) {
-        const int token = q_start + row / group;
-        const int head = kv_head * group + row % group;
-        src = query + ((long long)token * num_q_heads + head) * D + ch * 8;
-        bytes = 16;
-      }
-      cp_async_16(q_s + sw_off<BM>(r, ch), src, bytes);
-    }
-    // A tile is cut into boxes of box_rows = min(block_size, BN) keys, each inside one page.
     const int box_rows = min(block_size, BN);
-    auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile) {
-      const int pos0 = tile * BN;
-      // Boxes wholly inside the context go by TMA (lane j of warp 0 asks for box j).
-      const int num_boxes = max(0, min(BN / box_rows, (kv_len - pos0) / box_rows));
-      if (tid == 0) mbar_arrive_expect_tx(full, (unsigned)(num_boxes * box_rows * D * 2));
-      __syncwarp();
-      if (tid < num_boxes) {
-        const int pos = pos0 + tid * box_rows;
-        const int block = block_table[pos >> block_shift];
-        const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          tma_load_2d(dst + c * BN * 128 + tid * box_rows * 128, map, c * 64, cache_row, full);
-      }
-      // The rest (the context's last, partial page, and past it) by cp.async, zero-filled.
-      const int first_row = num_boxes * box_rows;
-      for (int c = tid; c < (BN - first_row) * CH; c += PRODUCER_THREADS) {
-        const int r = first_row + c / CH, ch = c % CH;
-        const int pos = pos0 + r;
-        long long off = 0;
+    int g0 = 0, n_item = 0;  // tiles of earlier items (the rings' running count), items done
+    // NOTE: the producer and the consumers walk the same items in the same order, so both
+    // sides agree on every stage and phase without telling each other.
+    for (;; ++n_item) {
+      const int idx = n_item * gridDim.x + ((n_item & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+      if (idx >= num_items) break;
+      const Item w = item_of(idx);
+      const int kv_head = w.kv_head, row0 = w.row0, num_rows = w.num_rows, q_start = w.q_start;
+      const int kv_len = w.kv_len, num_kv_tiles = w.num_kv_tiles;
+      const int* block_table = block_tables + (long long)w.seq * max_blocks_per_seq;
+      const int qb = n_item & 1;
+      const unsigned q_s = q_s0 + qb * BM * D * 2;
+      if (n_item >= 2) mbar_wait(q_empty + 8 * qb, ((n_item >> 1) - 1) & 1);  // buffer free again
+      // Q: rows past the sequence are zeros; buffer n_item % 2, free again once the consumers
+      // released it two items ago.
+      for (int c = tid; c < BM * CH; c += PRODUCER_THREADS) {
+        const int r = c / CH, ch = c % CH;
+        const int row = row0 + r;
+        const T* src = query;
         int bytes = 0;
-        if (pos < kv_len) {
-          const long long block = block_table[pos >> block_shift];
-          off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
+        if (row < num_rows) {
+          const int token = q_start + row / group;
+          const int head = kv_head * group + row % group;
+          src = query + ((long long)token * num_q_heads + head) * D + ch * 8;
           bytes = 16;
         }
-        cp_async_16(dst + sw_off<BN>(r, ch), cache + off, bytes);
+        cp_async_16(q_s + sw_off<BM>(r, ch), src, bytes);
       }
-      mbar_arrive_cp_async(full);
-    };
-    // The k-th reuse of a stage waits for the k-th release of it (phase parity (k - 1) & 1).
-    auto put_k = [&](int tile) {
-      const int st = tile % STAGES;
-      if (tile >= STAGES) mbar_wait(empty_k + 8 * st, ((tile / STAGES) - 1) & 1);
-      put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile);
-    };
-    auto put_v = [&](int tile) {
-      const int st = tile % STAGES;
-      if (tile >= STAGES) mbar_wait(empty_v + 8 * st, ((tile / STAGES) - 1) & 1);
-      put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile);
-    };
-    // In the order the consumers need them: iteration t reads K of t and V of t - 1.
-    if (num_kv_tiles > 0) put_k(0);
-    for (int tile = 0; tile < num_kv_tiles; ++tile) {
-      if (tile + 1 < num_kv_tiles) put_k(tile + 1);
-      put_v(tile);
+      mbar_arrive_cp_async(q_full + 8 * qb);
+      // A tile is cut into boxes of box_rows = min(block_size, BN) keys, each inside one page.
+      auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile) {
+        const int pos0 = tile * BN;
+        // Boxes wholly inside the context go by TMA (lane j of warp 0 asks for box j).
+        const int num_boxes = max(0, min(BN / box_rows, (kv_len - pos0) / box_rows));
+        if (tid == 0) mbar_arrive_expect_tx(full, (unsigned)(num_boxes * box_rows * D * 2));
+        __syncwarp();
+        if (tid < num_boxes) {
+          const int pos = pos0 + tid * box_rows;
+          const int block = block_table[pos >> block_shift];
+          const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
+  #pragma unroll
+          for (int c = 0; c < D / 64; ++c)
+            tma_load_2d(dst + c * BN * 128 + tid * box_rows * 128, map, c * 64, cache_row, full);
+        }
+        // The rest (the context's last, partial page, and past it) by cp.async, zero-filled.
+        const int first_row = num_boxes * box_rows;
+        for (int c = tid; c < (BN - first_row) * CH; c += PRODUCER_THREADS) {
+          const int r = first_row + c / CH, ch = c % CH;
+          const int pos = pos0 + r;
+          long long off = 0;
+          int bytes = 0;
+          if (pos < kv_len) {
+            const long long block = block_table[pos >> block_shift];
+            off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
+            bytes = 16;
+          }
+          cp_async_16(dst + sw_off<BN>(r, ch), cache + off, bytes);
+        }
+        mbar_arrive_cp_async(full);
+      };
+      // The k-th reuse of a stage waits for the k-th release of it (phase parity (k - 1) & 1).
+      auto put_k = [&](int tile) {
+        const int g = g0 + tile, st = g % STAGES;
+        if (g >= STAGES) mbar_wait(empty_k + 8 * st, ((g / STAGES) - 1) & 1);
+        put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile);
+      };
+      auto put_v = [&](int tile) {
+        const int g = g0 + tile, st = g % STAGES;
+        if (g >= STAGES) mbar_wait(empty_v + 8 * st, ((g / STAGES) - 1) & 1);
+        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile);
+      };
+      // In the order the consumers need them: iteration t reads K of t and V of t - 1.
+      if (num_kv_tiles > 0) put_k(0);
+      for (int tile = 0; tile < num_kv_tiles; ++tile) {
+        if (tile + 1 < num_kv_tiles) put_k(tile + 1);
+        put_v(tile);
+      }
+      g0 += num_kv_tiles;
     }
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA has exited
     return;
@@ -176,171 +212,186 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   // ---------------- the consumers: wgmma and the softmax ----------------
   setmaxnreg_inc<CONSUMER_REGS>();
   const int cwg = wg - 1;  // consumer index: rows 64 cwg .. 64 cwg + 63 of the tile
-  const int num_full_tiles = causal ? min(history + first_token + 1, kv_len) / BN : kv_len / BN;
-  const int row_base = row0 + cwg * 64 + warp_in_wg * 16 + lane / 4;
-  auto row_of = [&](int i) { return row_base + 8 * i; };
-  auto q_pos_of = [&](int i) { return history + row_of(i) / group; };
-  const bool has_alibi = alibi_slopes != nullptr;
-  const float scale_log2 = scale * LOG2E;
-  const float exp_scale = has_alibi ? 1.0f : scale_log2;
+  int g0 = 0, n_item = 0;
+  for (;; ++n_item) {
+    const int idx = n_item * gridDim.x + ((n_item & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    if (idx >= num_items) break;
+    const Item w = item_of(idx);
+    const int qb = n_item & 1;
+    const unsigned q_s = q_s0 + qb * BM * D * 2;
+    const int kv_head = w.kv_head, row0 = w.row0, num_rows = w.num_rows, q_start = w.q_start;
+    const int kv_len = w.kv_len, num_kv_tiles = w.num_kv_tiles, history = w.history;
+    const int first_token = w.first_token;
+    const int num_full_tiles = causal ? min(history + first_token + 1, kv_len) / BN : kv_len / BN;
+    const int row_base = row0 + cwg * 64 + warp_in_wg * 16 + lane / 4;
+    auto row_of = [&](int i) { return row_base + 8 * i; };
+    auto q_pos_of = [&](int i) { return history + row_of(i) / group; };
+    const bool has_alibi = alibi_slopes != nullptr;
+    const float scale_log2 = scale * LOG2E;
+    const float exp_scale = has_alibi ? 1.0f : scale_log2;
 
-  float o[DT * 4];
-#pragma unroll
-  for (int k = 0; k < DT * 4; ++k) o[k] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V product
+    float o[DT * 4];
+  #pragma unroll
+    for (int k = 0; k < DT * 4; ++k) o[k] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V product
 
-  const unsigned q_wg = q_s + cwg * 64 * 128;  // this consumer's 64 rows
-  auto k_addr = [&](unsigned base, int kd) { return base + (kd / 4) * (unsigned)(BN * 128) + (kd % 4) * 32; };
-  auto q_addr = [&](int kd) { return q_wg + (kd / 4) * (unsigned)(BM * 128) + (kd % 4) * 32; };
-  // Descriptors (PTX ISA, "matrix descriptor"; 128-byte swizzle). Q and K are K-major: a k16
-  // step is 32 bytes inside a 128-byte row, 4 steps per 64-column block; 8-row groups are 1024
-  // bytes apart (stride); the leading offset is unused. V is MN-major (N = head dim): 8-key
-  // groups 1024 bytes apart along K (stride), 64-dim column blocks BN * 128 bytes apart along
-  // N (leading). NOTE: swapping V's two offsets reads outside the tile (an illegal address).
-  constexpr unsigned SWZ = 1;  // 128-byte swizzle
-  constexpr unsigned K_LEAD = 16, K_STRIDE = 1024;
-  constexpr unsigned V_LEAD = BN * 128, V_STRIDE = 1024;
-  auto issue_pv = [&](int tile) {  // O += P V of `tile` (asynchronous: commit, wait later)
-    const unsigned v_s = v_s0 + (tile % STAGES) * TILE_BYTES;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned v_addr = v_s + kk * 2048;  // keys 16 kk ..: two 8-row groups on
-      wgmma_rs_tb(WgmmaShape<D>(), o, p[kk], wgmma_desc(v_addr, V_LEAD, V_STRIDE, SWZ), 1, T());
+    const unsigned q_wg = q_s + cwg * 64 * 128;  // this consumer's 64 rows
+    auto k_addr = [&](unsigned base, int kd) { return base + (kd / 4) * (unsigned)(BN * 128) + (kd % 4) * 32; };
+    auto q_addr = [&](int kd) { return q_wg + (kd / 4) * (unsigned)(BM * 128) + (kd % 4) * 32; };
+    // Descriptors (PTX ISA, "matrix descriptor"; 128-byte swizzle). Q and K are K-major: a k16
+    // step is 32 bytes inside a 128-byte row, 4 steps per 64-column block; 8-row groups are 1024
+    // bytes apart (stride); the leading offset is unused. V is MN-major (N = head dim): 8-key
+    // groups 1024 bytes apart along K (stride), 64-dim column blocks BN * 128 bytes apart along
+    // N (leading). NOTE: swapping V's two offsets reads outside the tile (an illegal address).
+    constexpr unsigned SWZ = 1;  // 128-byte swizzle
+    constexpr unsigned K_LEAD = 16, K_STRIDE = 1024;
+    constexpr unsigned V_LEAD = BN * 128, V_STRIDE = 1024;
+    auto issue_pv = [&](int tile) {  // O += P V of `tile` (asynchronous: commit, wait later)
+      const unsigned v_s = v_s0 + ((g0 + tile) % STAGES) * TILE_BYTES;
+  #pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const unsigned v_addr = v_s + kk * 2048;  // keys 16 kk ..: two 8-row groups on
+        wgmma_rs_tb(WgmmaShape<D>(), o, p[kk], wgmma_desc(v_addr, V_LEAD, V_STRIDE, SWZ), 1, T());
+      }
+      wgmma_commit();
+    };
+
+    mbar_wait(q_full + 8 * qb, (n_item >> 1) & 1);
+    for (int tile = 0; tile < num_kv_tiles; ++tile) {
+      const int g = g0 + tile, st = g % STAGES;
+      mbar_wait(full_k + 8 * st, (g / STAGES) & 1);  // K of this tile landed
+      if (tile > 0) mbar_wait(full_v + 8 * ((g - 1) % STAGES), ((g - 1) / STAGES) & 1);
+      fence_proxy_async();  // the producer's cp.async writes, now seen, also for the tensor cores
+
+      // S = Q K^T: 64 rows x BN keys per consumer, D / 16 wgmma; then P V of the previous tile.
+      float s[NT * 4];
+  #pragma unroll
+      for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
+      wgmma_fence();
+      const unsigned k_s = k_s0 + st * TILE_BYTES;
+  #pragma unroll
+      for (int kd = 0; kd < D / 16; ++kd) {
+        wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), K_LEAD, K_STRIDE, SWZ),
+                 wgmma_desc(k_addr(k_s, kd), K_LEAD, K_STRIDE, SWZ), kd > 0, T());
+      }
+      wgmma_commit();
+      if (tile > 0) {
+        issue_pv(tile - 1);
+        wgmma_wait<1>();  // S is done; P V may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      if (lane == 0) mbar_arrive(empty_k + 8 * st);  // this warp is done with K of this tile
+      if (tile == num_kv_tiles - 1 && lane == 0) mbar_arrive(q_empty + 8 * qb);  // and with Q
+  #pragma unroll
+      for (int k = 0; k < NT * 4; ++k) reg_fence(s[k]);
+
+      const int kv0 = tile * BN;
+      if (has_alibi) {
+  #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float slope = alibi_slopes[kv_head * group + row_of(i) % group] * LOG2E;
+          const int q_pos = q_pos_of(i);
+  #pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+  #pragma unroll
+            for (int e = 2 * i; e < 2 * i + 2; ++e) {
+              const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
+              s[4 * nt + e] = s[4 * nt + e] * scale_log2 + slope * (float)(key - q_pos);
+            }
+        }
+      }
+      if (tile >= num_full_tiles) {
+  #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int q_pos = q_pos_of(i);
+  #pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+  #pragma unroll
+            for (int e = 2 * i; e < 2 * i + 2; ++e) {
+              const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
+              if (key >= kv_len || (causal && key > q_pos)) s[4 * nt + e] = -INFINITY;
+            }
+        }
+      }
+
+      // Online softmax per row; a row's BN columns live in the 4 lanes of a quad.
+      float alpha[2];
+  #pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+  #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * i], s[4 * nt + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[i], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: exp2 stays 0
+        alpha[i] = fast_exp2((m_run[i] - m_use) * exp_scale);
+        m_run[i] = m_new;
+        const float neg_m = -m_use * exp_scale;
+        float sum = 0.0f;
+  #pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          s[4 * nt + 2 * i] = fast_exp2(fmaf(s[4 * nt + 2 * i], exp_scale, neg_m));
+          s[4 * nt + 2 * i + 1] = fast_exp2(fmaf(s[4 * nt + 2 * i + 1], exp_scale, neg_m));
+          sum += s[4 * nt + 2 * i] + s[4 * nt + 2 * i + 1];
+        }
+        l_run[i] = l_run[i] * alpha[i] + sum;
+      }
+      wgmma_wait<0>();  // P V of the previous tile is in O, and its P registers are free
+      if (tile > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((g - 1) % STAGES));  // V released
+  #pragma unroll
+      for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
+  #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[4 * dt + 0] *= alpha[0];
+        o[4 * dt + 1] *= alpha[0];
+        o[4 * dt + 2] *= alpha[1];
+        o[4 * dt + 3] *= alpha[1];
+      }
+      // P: the S accumulators are already the A fragments of the next wgmma, 16 keys each.
+  #pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        p[kk][0] = MmaType<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+        p[kk][1] = MmaType<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+        p[kk][2] = MmaType<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+        p[kk][3] = MmaType<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      }
     }
-    wgmma_commit();
-  };
-
-  for (int tile = 0; tile < num_kv_tiles; ++tile) {
-    const int st = tile % STAGES;
-    mbar_wait(full_k + 8 * st, (tile / STAGES) & 1);  // K of this tile (and Q) landed
-    if (tile > 0) mbar_wait(full_v + 8 * ((tile - 1) % STAGES), ((tile - 1) / STAGES) & 1);
-    fence_proxy_async();  // the producer's cp.async writes, now seen, also for the tensor cores
-
-    // S = Q K^T: 64 rows x BN keys per consumer, D / 16 wgmma; then P V of the previous tile.
-    float s[NT * 4];
-#pragma unroll
-    for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
-    wgmma_fence();
-    const unsigned k_s = k_s0 + st * TILE_BYTES;
-#pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), K_LEAD, K_STRIDE, SWZ),
-               wgmma_desc(k_addr(k_s, kd), K_LEAD, K_STRIDE, SWZ), kd > 0, T());
-    }
-    wgmma_commit();
-    if (tile > 0) {
-      issue_pv(tile - 1);
-      wgmma_wait<1>();  // S is done; P V may still run
-    } else {
+    if (num_kv_tiles > 0) {  // the last tile's P V
+      const int last = num_kv_tiles - 1, gl = g0 + last;
+      mbar_wait(full_v + 8 * (gl % STAGES), (gl / STAGES) & 1);
+      fence_proxy_async();
+  #pragma unroll
+      for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
+      wgmma_fence();
+      issue_pv(last);
       wgmma_wait<0>();
-    }
-    if (lane == 0) mbar_arrive(empty_k + 8 * st);  // this warp is done with K of this tile
-#pragma unroll
-    for (int k = 0; k < NT * 4; ++k) reg_fence(s[k]);
-
-    const int kv0 = tile * BN;
-    if (has_alibi) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float slope = alibi_slopes[kv_head * group + row_of(i) % group] * LOG2E;
-        const int q_pos = q_pos_of(i);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 2 * i; e < 2 * i + 2; ++e) {
-            const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
-            s[4 * nt + e] = s[4 * nt + e] * scale_log2 + slope * (float)(key - q_pos);
-          }
-      }
-    }
-    if (tile >= num_full_tiles) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int q_pos = q_pos_of(i);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 2 * i; e < 2 * i + 2; ++e) {
-            const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
-            if (key >= kv_len || (causal && key > q_pos)) s[4 * nt + e] = -INFINITY;
-          }
-      }
+      if (lane == 0) mbar_arrive(empty_v + 8 * (gl % STAGES));
+  #pragma unroll
+      for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
     }
 
-    // Online softmax per row; a row's BN columns live in the 4 lanes of a quad.
-    float alpha[2];
-#pragma unroll
+    // ---- O / l -> out ----
+  #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * i], s[4 * nt + 2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[i], mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: exp2 stays 0
-      alpha[i] = fast_exp2((m_run[i] - m_use) * exp_scale);
-      m_run[i] = m_new;
-      const float neg_m = -m_use * exp_scale;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[4 * nt + 2 * i] = fast_exp2(fmaf(s[4 * nt + 2 * i], exp_scale, neg_m));
-        s[4 * nt + 2 * i + 1] = fast_exp2(fmaf(s[4 * nt + 2 * i + 1], exp_scale, neg_m));
-        sum += s[4 * nt + 2 * i] + s[4 * nt + 2 * i + 1];
+      float l = l_run[i];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = row_of(i);
+      if (row >= num_rows) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int token = q_start + row / group;
+      const int head = kv_head * group + row % group;
+      T* dst = out + ((long long)token * num_q_heads + head) * D + (lane % 4) * 2;
+  #pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<unsigned*>(dst + dt * 8) =
+            MmaType<T>::pack(o[4 * dt + 2 * i] * inv, o[4 * dt + 2 * i + 1] * inv);
       }
-      l_run[i] = l_run[i] * alpha[i] + sum;
     }
-    wgmma_wait<0>();  // P V of the previous tile is in O, and its P registers are free
-    if (tile > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((tile - 1) % STAGES));  // V released
-#pragma unroll
-    for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[4 * dt + 0] *= alpha[0];
-      o[4 * dt + 1] *= alpha[0];
-      o[4 * dt + 2] *= alpha[1];
-      o[4 * dt + 3] *= alpha[1];
-    }
-    // P: the S accumulators are already the A fragments of the next wgmma, 16 keys each.
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      p[kk][0] = MmaType<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      p[kk][1] = MmaType<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      p[kk][2] = MmaType<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      p[kk][3] = MmaType<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  }
-  if (num_kv_tiles > 0) {  // the last tile's P V
-    const int last = num_kv_tiles - 1;
-    mbar_wait(full_v + 8 * (last % STAGES), (last / STAGES) & 1);
-    fence_proxy_async();
-#pragma unroll
-    for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
-    wgmma_fence();
-    issue_pv(last);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
-  }
-
-  // ---- O / l -> out ----
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = l_run[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = row_of(i);
-    if (row >= num_rows) continue;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int token = q_start + row / group;
-    const int head = kv_head * group + row % group;
-    T* dst = out + ((long long)token * num_q_heads + head) * D + (lane % 4) * 2;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      *reinterpret_cast<unsigned*>(dst + dt * 8) =
-          MmaType<T>::pack(o[4 * dt + 2 * i] * inv, o[4 * dt + 2 * i + 1] * inv);
-    }
+    g0 += num_kv_tiles;
   }
 }
 
@@ -355,13 +406,13 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
        const int* cu_seqlens_q, const int* context_lens, const float* alibi_slopes,                \
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
        int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
-       const __grid_constant__ pagedlab::TmaDesc value_map) {                                      \
+       const __grid_constant__ pagedlab::TmaDesc value_map, int num_items) {                       \
     pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
                                                       block_tables, cu_seqlens_q, context_lens,    \
                                                       alibi_slopes, work, scale, num_q_heads,      \
                                                       num_kv_heads, block_size,                    \
                                                       max_blocks_per_seq, causal, key_map,         \
-                                                      value_map);                                  \
+                                                      value_map, num_items);                       \
   }
 
 // Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 128 keys, 2 stages, 2 consumers.

@@ -72,7 +72,7 @@ from reference.checks import (  # noqa: F401
     check_scale,
     dtype_name,
 )
-from reference.cuda import as_torch, get_kernel, launch, like_input, ptr  # noqa: F401
+from reference.cuda import as_torch, get_kernel, launch, like_input, num_sms, ptr  # noqa: F401
 from reference.errors import UnsupportedConfigError
 from reference.tma import tensor_map  # noqa: F401  (the Hopper kernel's TMA maps)
 
@@ -399,9 +399,10 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     """Varlen paged prefill on Hopper's warpgroup tensor cores (wgmma, fp16/bf16 in, fp32
     accumulate; compute capability 9.0 only).
 
-    A CTA per (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head): a producer warpgroup that copies
-    (K and V pages by TMA) and two consumer warpgroups of 64 rows, rows being (token, query
-    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`. The plan needs
+    Work items are (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head), rows being (token, query
+    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`; persistent CTAs (at
+    most one per SM) loop over them, each with a producer warpgroup that copies (K and V pages
+    by TMA) and two consumer warpgroups of 64 rows. The plan needs
     ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = 128``, ``block_n = 128``.
     Arguments and return value as :func:`paged_prefill_naive`.
 
@@ -424,10 +425,13 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
                            as_torch(block_tables), as_torch(cu_seqlens_q), as_torch(context_lens),
                            None if alibi_slopes is None else as_torch(alibi_slopes))
         box_rows = min(shapes.block_size, WGMMA_BLOCK_N)  # a TMA box stays inside one page
+        num_items = num_work * shapes.num_kv_heads
         args += [ptr(plan.device_work(q.device))] + scalars(scale, shapes, causal)
-        args += [tensor_map(key_cache, box_rows), tensor_map(value_cache, box_rows)]
+        args += [tensor_map(key_cache, box_rows), tensor_map(value_cache, box_rows),
+                 np.int32(num_items)]
         with device_of(q):
-            launch(kernel, (num_work * shapes.num_kv_heads,), (WGMMA_THREADS,), args,
+            # Persistent: at most one CTA per SM, each looping over its share of the items.
+            launch(kernel, (min(num_items, num_sms(q.device)),), (WGMMA_THREADS,), args,
                    shared_mem=wgmma_shared_bytes(shapes.head_size))
     return like_input(out_t, query) if out is None else out
 
