@@ -150,10 +150,11 @@ class KernelLaunch(FrozenPlan):
     :meth:`launch_with` re-launches its recorded argument tuple with new pointers.
 
     On a GPU, given its argument ``template`` at plan time, it packs the arguments once into a
-    parameter block (one 8-byte slot per argument, the array of slot addresses CUDA's
-    ``cuLaunchKernel`` takes) and :meth:`launch_with` only rewrites the pointer slots and calls
-    the driver on torch's current raw stream: no per-call argument conversion, stream object
-    or device context. That is the host cost FlashInfer's ``run`` has.
+    parameter block (one 8-byte slot per argument, 128 bytes of its own for a TMA tensor map;
+    the array of slot addresses CUDA's ``cuLaunchKernel`` takes) and :meth:`launch_with` only
+    rewrites the pointer slots (and the maps made from inputs) and calls the driver on torch's
+    current raw stream: no per-call argument conversion, stream object or device context. That
+    is the host cost FlashInfer's ``run`` has.
 
     Attributes:
         kernel: the ``cupy.RawKernel`` (or the emulator's kernel).

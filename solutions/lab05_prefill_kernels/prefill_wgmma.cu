@@ -166,7 +166,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
           const int pos = pos0 + tid * box_rows;
           const int block = block_table[pos >> block_shift];
           const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
-  #pragma unroll
+#pragma unroll
           for (int c = 0; c < D / 64; ++c)
             tma_load_2d(dst + c * BN * 128 + tid * box_rows * 128, map, c * 64, cache_row, full);
         }
@@ -231,7 +231,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     const float exp_scale = has_alibi ? 1.0f : scale_log2;
 
     float o[DT * 4];
-  #pragma unroll
+#pragma unroll
     for (int k = 0; k < DT * 4; ++k) o[k] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V product
@@ -249,7 +249,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     constexpr unsigned V_LEAD = BN * 128, V_STRIDE = 1024;
     auto issue_pv = [&](int tile) {  // O += P V of `tile` (asynchronous: commit, wait later)
       const unsigned v_s = v_s0 + ((g0 + tile) % STAGES) * TILE_BYTES;
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         const unsigned v_addr = v_s + kk * 2048;  // keys 16 kk ..: two 8-row groups on
         wgmma_rs_tb(WgmmaShape<D>(), o, p[kk], wgmma_desc(v_addr, V_LEAD, V_STRIDE, SWZ), 1, T());
@@ -266,11 +266,11 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 
       // S = Q K^T: 64 rows x BN keys per consumer, D / 16 wgmma; then P V of the previous tile.
       float s[NT * 4];
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
       wgmma_fence();
       const unsigned k_s = k_s0 + st * TILE_BYTES;
-  #pragma unroll
+#pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), K_LEAD, K_STRIDE, SWZ),
                  wgmma_desc(k_addr(k_s, kd), K_LEAD, K_STRIDE, SWZ), kd > 0, T());
@@ -284,18 +284,18 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       }
       if (lane == 0) mbar_arrive(empty_k + 8 * st);  // this warp is done with K of this tile
       if (tile == num_kv_tiles - 1 && lane == 0) mbar_arrive(q_empty + 8 * qb);  // and with Q
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < NT * 4; ++k) reg_fence(s[k]);
 
       const int kv0 = tile * BN;
       if (has_alibi) {
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float slope = alibi_slopes[kv_head * group + row_of(i) % group] * LOG2E;
           const int q_pos = q_pos_of(i);
-  #pragma unroll
+#pragma unroll
           for (int nt = 0; nt < NT; ++nt)
-  #pragma unroll
+#pragma unroll
             for (int e = 2 * i; e < 2 * i + 2; ++e) {
               const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
               s[4 * nt + e] = s[4 * nt + e] * scale_log2 + slope * (float)(key - q_pos);
@@ -303,12 +303,12 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         }
       }
       if (tile >= num_full_tiles) {
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int q_pos = q_pos_of(i);
-  #pragma unroll
+#pragma unroll
           for (int nt = 0; nt < NT; ++nt)
-  #pragma unroll
+#pragma unroll
             for (int e = 2 * i; e < 2 * i + 2; ++e) {
               const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e & 1);
               if (key >= kv_len || (causal && key > q_pos)) s[4 * nt + e] = -INFINITY;
@@ -318,10 +318,10 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 
       // Online softmax per row; a row's BN columns live in the 4 lanes of a quad.
       float alpha[2];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 2; ++i) {
         float mx = -INFINITY;
-  #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * i], s[4 * nt + 2 * i + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -331,7 +331,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         m_run[i] = m_new;
         const float neg_m = -m_use * exp_scale;
         float sum = 0.0f;
-  #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           s[4 * nt + 2 * i] = fast_exp2(fmaf(s[4 * nt + 2 * i], exp_scale, neg_m));
           s[4 * nt + 2 * i + 1] = fast_exp2(fmaf(s[4 * nt + 2 * i + 1], exp_scale, neg_m));
@@ -341,9 +341,9 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       }
       wgmma_wait<0>();  // P V of the previous tile is in O, and its P registers are free
       if (tile > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((g - 1) % STAGES));  // V released
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
-  #pragma unroll
+#pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         o[4 * dt + 0] *= alpha[0];
         o[4 * dt + 1] *= alpha[0];
@@ -351,7 +351,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         o[4 * dt + 3] *= alpha[1];
       }
       // P: the S accumulators are already the A fragments of the next wgmma, 16 keys each.
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         p[kk][0] = MmaType<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
         p[kk][1] = MmaType<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
@@ -363,18 +363,18 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       const int last = num_kv_tiles - 1, gl = g0 + last;
       mbar_wait(full_v + 8 * (gl % STAGES), (gl / STAGES) & 1);
       fence_proxy_async();
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
       wgmma_fence();
       issue_pv(last);
       wgmma_wait<0>();
       if (lane == 0) mbar_arrive(empty_v + 8 * (gl % STAGES));
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < DT * 4; ++k) reg_fence(o[k]);
     }
 
     // ---- O / l -> out ----
-  #pragma unroll
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
       float l = l_run[i];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -385,7 +385,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       const int token = q_start + row / group;
       const int head = kv_head * group + row % group;
       T* dst = out + ((long long)token * num_q_heads + head) * D + (lane % 4) * 2;
-  #pragma unroll
+#pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         *reinterpret_cast<unsigned*>(dst + dt * 8) =
             MmaType<T>::pack(o[4 * dt + 2 * i] * inv, o[4 * dt + 2 * i + 1] * inv);
