@@ -197,7 +197,7 @@ def kernel_tiling(kernel: str, num_q_heads: int, num_kv_heads: int, *,
     The naive kernel has no tiles; it takes any plan (it only uses the checked metadata).
 
     Args:
-        kernel: ``"naive"``, ``"tiled"`` or ``"tc"``.
+        kernel: ``"naive"``, ``"tiled"``, ``"tc"`` or ``"wgmma"``.
         num_q_heads: query heads.
         num_kv_heads: KV heads.
         tc_tiling: the tensor-core kernel's CTA shape.

@@ -332,7 +332,7 @@ def plan_prefill(query, key_cache, value_cache, block_tables, cu_seqlens_q, cont
                  *, kernel: str = "tc", alibi_slopes=None, causal: bool = True,
                  tc_tiling: TcTiling = TC_TILING, debug: bool | None = None) -> PrefillPlan:
     """Plan once, run many: validates a batch once and returns a plan whose ``run`` launches
-    your tiled or tensor-core kernel at a small host cost (given code, ``_plan.py``).
+    your tiled, tensor-core or Hopper kernel at a small host cost (given code, ``_plan.py``).
 
     ``plan.run(query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens,
     out=...)`` checks only shapes, dtypes, devices, contiguity and alignment against the plan

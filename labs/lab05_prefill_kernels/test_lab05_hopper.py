@@ -47,7 +47,7 @@ HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
     ("bf16-d64-bs64-gqa7-alibi", "bfloat16", [97, 40], [64, 200], 14, 2, 64, 64, True, True),
     ("f16-d64-bs8-gqa6-noncausal", "float16", [33, 120], [10, 0], 12, 2, 64, 8, False, False),
     ("bf16-d128-bs16-gqa4-noncausal-alibi", "bfloat16", [150, 7], [0, 90], 8, 2, 128, 16, True, False),
-    # ~460 work items: every persistent CTA takes several, both Q buffers turn over, and the
+    # 426 work items: every persistent CTA takes several, both Q buffers turn over, and the
     # K/V rings run on from one item into the next.
     ("f16-d128-bs16-gqa4-many-items", "float16", [(37 * i) % 250 + 1 for i in range(48)],
      [(53 * i) % 400 for i in range(48)], 8, 2, 128, 16, False, True),
@@ -60,7 +60,7 @@ KERNEL = "wgmma"
 @pytest.mark.points(5)
 @pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c[0])
 def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
-    """Part C's varlen batches in fp16 and bf16 and four more (head sizes 64 and 128, block
+    """Part C's varlen batches in fp16 and bf16 and six more (head sizes 64 and 128, block
     sizes 8 to 128, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
     every output matches the float64 oracle — the wgmma descriptors, the TMA boxes and the
     swizzled tiles, the pipelined softmax, contexts whose last page is partial (its keys come

@@ -54,7 +54,9 @@ __device__ __forceinline__ void wgmma_wait() {
 // no access to it moves across the issue or the wait.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // Shared memory written by ordinary stores or cp.async, read next by the tensor cores' async
-// proxy: each writing thread fences before the barrier that publishes the writes.
+// proxy: fence between the two. A thread that stored the data itself fences before the barrier
+// that publishes it; data that cp.async wrote and an mbarrier reported landed (the writer never
+// sees that moment) is fenced by each reader, after its wait.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

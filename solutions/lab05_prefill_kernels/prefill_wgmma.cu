@@ -32,7 +32,8 @@
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
 // which is also the layout TMA writes with the tensor maps the launcher passes
 // (reference/tma.py: box of 64 columns x min(block_size, BN) rows, 128-byte swizzle).
-// Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s): every thread copying by cp.async, three
+// Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s, a scratch harness that reads ~3 % above
+// `pagedlab bench prefill`): every thread copying by cp.async, three
 // warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
 // address arithmetic and copies were the bottleneck: with the copies skipped the consumers ran
 // 540); the TMA producer 451 / 435; persistent CTAs 471 / 431, and P1 / P2 / P6 260 -> 282,
