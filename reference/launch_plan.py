@@ -214,7 +214,7 @@ class KernelLaunch(FrozenPlan):
             with self._lock:
                 for pos, i in slots:
                     if pos in maps:  # a tensor map: re-encoded for the run's address
-                        maps[pos][:] = np.frombuffer(template[pos].at(ptrs[i]).tobytes(), np.uint8)
+                        maps[pos][:] = _map_bytes(template[pos].at(ptrs[i]))
                     else:
                         vals[pos] = ptrs[i]
                 if launch():
@@ -252,7 +252,7 @@ def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, i
             raw = np.zeros(TMAP_BYTES + 64, dtype=np.uint8)
             start = -raw.ctypes.data % 64
             maps[pos] = raw[start:start + TMAP_BYTES]
-            maps[pos][:] = np.frombuffer(arg.value.tobytes(), np.uint8)
+            maps[pos][:] = _map_bytes(arg.value)
             map_store.append(raw)
         elif arg is None or isinstance(arg, (np.uint64, np.int64)):
             vals[pos] = 0 if arg is None else arg  # a pointer slot, or a 64-bit integer
@@ -284,6 +284,11 @@ def _pack(kernel, grid: tuple, block: tuple, shared_mem: int, template: tuple, i
     launch.keep = (vals, argv, map_store)  # the block must outlive every launch made with it
     launch.maps = maps
     return vals, launch
+
+
+def _map_bytes(value: np.void) -> np.ndarray:
+    """An encoded tensor map's 128 bytes, to copy into its parameter buffer."""
+    return np.frombuffer(value.tobytes(), np.uint8)
 
 
 def _arg_address(arg) -> int | None:

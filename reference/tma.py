@@ -138,10 +138,11 @@ def tensor_map(cache, box_rows: int) -> TensorMap:
         ValueError: not 4-D, not contiguous, misaligned, or a head size or box the map cannot
             describe.
     """
+    from reference.checks import dtype_name
     from reference.cuda import as_torch
 
     t = as_torch(cache)
-    dtype = str(t.dtype).replace("torch.", "")
+    dtype = dtype_name(t)
     if dtype not in _DTYPES or t.device.type != "cuda":
         raise TypeError(f"cache must be a float16 or bfloat16 CUDA tensor, got {dtype} on "
                         f"{t.device}")

@@ -117,14 +117,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, i
       ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(mbar)
       : "memory");
 }
-// Named barrier `id` (1..15; 0 is __syncthreads) for `count` threads (a multiple of 32): sync
-// waits for all of them, arrive counts this warp in without waiting.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 
 // wgmma_ss: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both K-major
 // (A's rows and B's columns each contiguous along K). scale_d = 0 ignores D's old value.
