@@ -55,6 +55,9 @@ class PrefillPlan(FrozenPlan):
         causal: the masking, fixed at plan time.
         tc_tiling: the tensor-core CTA shape (``"tc"``).
         debug: whether ``run`` re-runs the full, device-reading checks by default.
+        launches: the launches your launcher made when the plan was built, in order (each a
+            ``reference.launch_plan.KernelLaunch``: ``kernel``, ``grid``, ``block``,
+            ``shared_mem``); ``run`` repeats them.
     """
 
     def __init__(self, ns: dict, query, key_cache, value_cache, block_tables, cu_seqlens_q,
@@ -95,6 +98,11 @@ class PrefillPlan(FrozenPlan):
                   causal=bool(causal), tc_tiling=tc_tiling, debug=debug_enabled(debug),
                   _ns=ns, _ptr=ptr_function(q.device), _launches=launches,
                   _templates=templates, _kept=kept, _specs=specs, _alibi_spec=alibi_spec)
+
+    @property
+    def launches(self) -> tuple:
+        """The recorded launches (``KernelLaunch``), in the order ``run`` repeats them."""
+        return self._launches
 
     def run(self, query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, *,
             alibi_slopes=None, out=None, debug=None):

@@ -80,7 +80,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   // tile in the 128-byte swizzle layout (sw_off<rows>); then mbarriers: full_k, full_v [STAGES]
   // (count 129: the producer's 128 cp.async arrivals + the one that announces the TMA bytes),
   // empty_k, empty_v [STAGES] (count 4 * CONSUMERS: one per consumer warp), q_full [2] (count
-  // 128), q_empty [2] (count 4 * CONSUMERS); set up by one thread, then __syncthreads().
+  // 128), q_empty [2] (count 4 * CONSUMERS); set up by one thread, which then calls
+  // fence_mbarrier_init() (the copy engine must see them too), then __syncthreads().
   // The K/V rings run on across items: with g = (tiles of the CTA's earlier items) + tile,
   // stage g % STAGES, phase parity (g / STAGES) & 1.
   //   producer: setmaxnreg_dec<PRODUCER_REGS>(); per item: from the third item on, wait

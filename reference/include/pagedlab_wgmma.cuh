@@ -64,9 +64,16 @@ __device__ __forceinline__ void fence_proxy_async() {
 // mbarrier: a shared-memory barrier object (8 bytes) that completes a *phase* when the count it
 // was initialised with has arrived, then starts the next phase; waiters name the phase parity
 // they wait for (0, 1, 0, ...), so one barrier serves a ring of stages for ever.
-// Initialise it from one thread, then __syncthreads() before anyone uses it.
+// Initialise it from one thread, then fence_mbarrier_init() (same thread) and __syncthreads()
+// before anyone uses it.
 __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+// NOTE: the copy engine (TMA's complete_tx) updates a barrier from outside the threads' view of
+// memory (the async proxy); this fence makes the initialised barriers visible to it too, which
+// __syncthreads() alone does not promise.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // Arrives (one of the count) once every cp.async this thread issued before has landed.
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned addr) {

@@ -41,7 +41,7 @@
 // more heads' K/V than L2 holds). The committed benchmark: P1-P6 293 / 383 / 442 / 405 / 374 /
 // 67, 0.89-0.98x FlashInfer's fa3 backend on P1-P5.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_proxy_async, mbar_*, tma_load_2d, setmaxnreg_*
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
@@ -99,6 +99,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       mbar_init(empty_k + 8 * s, CONSUMER_WARPS);
       mbar_init(empty_v + 8 * s, CONSUMER_WARPS);
     }
+    fence_mbarrier_init();  // the inits, visible to the copy engine too
   }
   __syncthreads();
 
