@@ -37,8 +37,10 @@ def good_recording() -> dict:
 
 
 def test_a_good_recording_passes_the_check():
-    """The check accepts what an honest launcher records (paths resolved)."""
+    """The check accepts what an honest launcher records (paths resolved), TMA maps of the
+    caches (Lab 5's Hopper kernel) included."""
     rec = good_recording()
+    rec["launches"][0]["args"] += [["tmap", "key_cache", 16], ["tmap", "value_cache", 128]]
     rec["inputs"].append(b"bytes")  # not a name: dropped
     rec["launches"][0]["extra"] = {1, 2}  # not a field: dropped (the job must be plain JSON)
     checked = speed_check.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
@@ -104,6 +106,14 @@ REFUSED = {
     "content of the wrong size": (_set(["scratch", 0, "content"], "00"), "hex of its nbytes"),
     "content that is not hex": (_set(["scratch", 0, "content"], "zz" * 32), "malformed"),
     "an unhashable argument kind": (_set(["launches", 0, "args", 0], [{}, 1, 2]), "malformed"),
+    "a tensor map of the query": (_set(["launches", 0, "args", 0], ["tmap", "query", 16]),
+                                  "not a tensor map of a cache"),
+    "a tensor map box of 0 rows": (_set(["launches", 0, "args", 0], ["tmap", "key_cache", 0]),
+                                   "not a tensor map of a cache"),
+    "a tensor map box past TMA's 256 rows": (
+        _set(["launches", 0, "args", 0], ["tmap", "value_cache", 512]), "not a tensor map"),
+    "a tensor map with an offset": (_set(["launches", 0, "args", 0], ["tmap", "key_cache", 16, 8]),
+                                    "is not one of"),
     "a NUL in the path": (_set(["launches", 0, "path"], "/tmp/a\x00.cu"), "malformed|not a .cu"),
     "a 300-character file name": (_set(["launches", 0, "path"], "/tmp/" + "a" * 300 + ".cu"),
                                   "malformed|not a .cu"),
@@ -182,6 +192,34 @@ def test_points_follow_the_tiers_reached():
     assert [r.outcome for r in got] == ["passed", "failed", "failed", "failed"]
     assert "this tier needs" in got[1].message and "wrong output" in got[2].message
     assert sum(r.points for r in got if r.passed) == stage.tiers[0][1]
+
+
+def test_a_tensor_map_is_recorded_as_the_input_it_maps():
+    """A TMA map argument (``reference.tma.tensor_map`` of a cache) is recorded as the input it
+    maps and its box (the timing side makes the map of its own cache again); a map of part of
+    an input, or of memory that is no input, is refused (the stage scores 0)."""
+    from reference.tma import TensorMap
+
+    base = 1 << 40
+    extents = [("query", base, 4096), ("key_cache", base + 8192, 2 * 64 * 128)]
+    whole = TensorMap(base + 8192, 64, 128, "float16", 16)
+    assert speed_record._arg(whole, extents, []) == ["tmap", "key_cache", 16]
+    for bad in (TensorMap(base + 8192 + 256, 63, 128, "float16", 16),  # from row 1 on
+                TensorMap(base + 8192, 32, 128, "float16", 16),  # half the cache
+                TensorMap(1 << 20, 64, 128, "float16", 16)):  # no input at all
+        with pytest.raises(ValueError, match="tensor_map"):
+            speed_record._arg(bad, extents, [])
+
+
+def test_a_stage_for_another_gpu_is_skipped_not_failed():
+    """The Hopper stage on another GPU: not graded there — its records are skipped (as the
+    stage's tests skip), none failed, and the reason names both compute capabilities."""
+    stage = next(s for s in speed.SPEED_STAGES if s.stage == "wgmma")
+    assert stage.capability == (9, 0)
+    result = speed.not_graded_here(stage, (8, 0))
+    records = speed.speed_records([result])
+    assert [r.outcome for r in records] == ["skipped"] * len(stage.tiers)
+    assert "needs compute capability 9.0, this GPU is 8.0" in records[0].message
 
 
 def test_every_speed_mutant_applies_to_its_stage(tmp_path):

@@ -26,12 +26,13 @@ LABS = ["lab04_decode_kernels", "lab05_prefill_kernels"]
 
 def test_every_stage_of_the_solution_is_timed_with_correct_outputs(monkeypatch):
     """Each graded stage of the solution records, replays and matches the oracle on every
-    launch of every pass (the table shows its time and points)."""
+    launch of every pass (the table shows its time and points); a stage for another GPU (the
+    Hopper stage elsewhere) is skipped."""
     monkeypatch.setenv("LAB_IMPL", "solution")
     results = speed.grade_speed(LABS, isolated=False)
     print("\n" + speed.format_speed_table(results))
     assert {r["stage"] for r in results} == {s.stage for s in speed.SPEED_STAGES}
-    bad = [f"{r['stage']}: {r['message']}" for r in results if not r["ok"]]
+    bad = [f"{r['stage']}: {r['message']}" for r in results if not r["ok"] and not r.get("skipped")]
     assert not bad, bad
 
 
@@ -43,6 +44,8 @@ def test_a_kernel_that_fakes_speed_scores_zero(mutant, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDLAB_IMPL_DIR", str(folder))
     stage = mutant.caught_by[0].split(":")[1]
     (result,) = speed.grade_speed([mutant.lab], isolated=False, stages=[stage])
+    if result.get("skipped"):
+        pytest.skip(result["message"])
     print(f"\n{mutant.name}: {result.get('message')}")
     assert result["points"] == 0 and not result["ok"], result
     assert "wrong output" in result["message"], result["message"]

@@ -6,7 +6,7 @@ and launch it: at most :data:`MAX_LAUNCHES` launches of ``extern "C"`` kernels i
 of the graded implementation's own folder or its lab's, whose ``#include`` lines stay inside the
 workbook's and the toolkit's headers; ``-D`` options (and a few harmless flags) only; grids,
 blocks and shared memory within CUDA's limits; arguments that name an input, a scratch buffer,
-null or a scalar; scratch within :data:`MAX_SCRATCH_BYTES`.
+null, a scalar or a TMA map of a cache; scratch within :data:`MAX_SCRATCH_BYTES`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ MAX_SHARED_MEM = 227 * 1024
 
 _OPTION_RE = re.compile(r"-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.:+-]*)?")
 _OPTIONS_ALLOWED = frozenset({"-lineinfo", "--use_fast_math", "-use_fast_math"})
-_ARG_KINDS = {"in": 3, "scratch": 3, "null": 1, "i32": 2, "i64": 2, "f32": 2}
+_ARG_KINDS = {"in": 3, "scratch": 3, "null": 1, "i32": 2, "i64": 2, "f32": 2, "tmap": 3}
+#: Inputs a TMA map may describe (the paged caches), and its largest box (TMA's limit).
+TMAP_INPUTS = ("key_cache", "value_cache")
+MAX_BOX_ROWS = 256
 
 
 class SpeedRecordingError(ValueError):
@@ -205,6 +208,10 @@ def _check_launch(launch, inputs: list, num_scratch: int, dirs: tuple[Path, ...]
         if kind == "scratch" and not (_is_int(arg[1]) and 0 <= arg[1] < num_scratch
                                       and _is_int(arg[2]) and arg[2] >= 0):
             raise SpeedRecordingError(f"argument {arg!r} names no scratch buffer")
+        if kind == "tmap" and not (arg[1] in inputs and arg[1] in TMAP_INPUTS
+                                   and _is_int(arg[2]) and 1 <= arg[2] <= MAX_BOX_ROWS):
+            raise SpeedRecordingError(f"argument {arg!r} is not a tensor map of a cache with "
+                                      f"1..{MAX_BOX_ROWS} rows a box")
         if kind in ("i32", "i64") and not _is_int(arg[1]):
             raise SpeedRecordingError(f"argument {arg!r} is not an integer")
         if kind == "f32" and not isinstance(arg[1], (int, float)):

@@ -127,8 +127,8 @@ def describe_launches(recorded: list, kept: list, inputs: dict) -> dict:
         ``{"inputs": [...], "scratch": [{"nbytes", "content" (hex) or None}],
         "launches": [{"path", "name", "options", "backend", "name_expressions", "grid",
         "block", "shared_mem", "args"}]}``; an argument is ``["in", name, offset]``,
-        ``["scratch", index, offset]``, ``["null"]``, ``["i32", v]``, ``["i64", v]`` or
-        ``["f32", v]``.
+        ``["scratch", index, offset]``, ``["null"]``, ``["i32", v]``, ``["i64", v]``,
+        ``["f32", v]`` or ``["tmap", name, box_rows]`` (a TMA map of a whole input cache).
 
     Raises:
         ValueError: a kernel not compiled by ``reference.cuda.load_module``, a pointer into
@@ -190,7 +190,10 @@ def _arg(arg, extents: list, storages: list) -> list:
     if isinstance(arg, np.int64):
         return ["i64", int(arg)]
     from reference.launch_plan import _arg_address  # the plan/run split reads pointers alike
+    from reference.tma import TensorMap
 
+    if isinstance(arg, TensorMap):
+        return _tensor_map_arg(arg, extents)
     address = _arg_address(arg)
     if address is None:
         raise ValueError(f"a kernel argument of type {type(arg).__name__} (use ptr(...), "
@@ -206,6 +209,16 @@ def _arg(arg, extents: list, storages: list) -> list:
         return ["scratch", hit[0], hit[1]]
     raise ValueError("a pointer argument into memory that is neither an input nor a buffer "
                      "the launcher allocated and passed through ptr(...)")
+
+
+def _tensor_map_arg(arg, extents: list) -> list:
+    """A TMA map argument (``reference.tma.tensor_map`` of a whole input cache) as
+    ``["tmap", input name, box_rows]``: the timing side makes the map of its own input again."""
+    hit = _inside(arg.address, extents)
+    nbytes = next((n for name, _, n in extents if hit and name == hit[0]), None)
+    if hit is None or hit[1] != 0 or arg.rows * arg.head_size * 2 != nbytes:
+        raise ValueError("a tensor map argument must be tensor_map(...) of a whole input cache")
+    return ["tmap", hit[0], int(arg.box_rows)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -270,6 +270,10 @@ def _argument_tuples(rec: dict, inputs: dict, scratch: list) -> list[tuple]:
                 args.append(np.int32(arg[1]))
             elif kind == "i64":
                 args.append(np.int64(arg[1]))
+            elif kind == "tmap":  # made again here, of this launch's own cache
+                from reference.tma import tensor_map
+
+                args.append(tensor_map(inputs[arg[1]], arg[2]))
             else:
                 args.append(np.float32(arg[1]))
         out.append(tuple(args))
