@@ -38,6 +38,8 @@ TC_WARPS, TC_ROWS_PER_WARP, TC_BLOCK_N = 4, 32, 64
 #: (prefill_wgmma.cu instantiates exactly this shape).
 WGMMA_CONSUMERS, WGMMA_BLOCK_N, WGMMA_STAGES = 2, 128, 2
 WGMMA_BLOCK_M, WGMMA_THREADS = 64 * WGMMA_CONSUMERS, 128 * (WGMMA_CONSUMERS + 1)
+#: Bytes of shared memory per Q buffer for the item it holds (the producer tells the consumers).
+WGMMA_SLOT_BYTES = 64
 
 DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -369,10 +371,27 @@ def wgmma_shared_bytes(head_size: int) -> int:
     """Dynamic shared memory of the Hopper kernel: two Q tiles (one per item in flight),
     WGMMA_STAGES stages of K tiles and of V tiles (16-bit, unpadded: the 128-byte swizzle keeps
     them conflict-free), 8-byte mbarriers after them (full and empty for each K and V stage and
-    for each Q buffer), and 1 KiB so the kernel can start its tiles on a 1024-byte boundary (the
-    swizzle pattern's period)."""
+    for each Q buffer), two 64-byte slots naming each Q buffer's item (WGMMA_SLOT_BYTES), and
+    1 KiB so the kernel can start its tiles on a 1024-byte boundary (the swizzle pattern's
+    period)."""
     tiles = (2 * WGMMA_BLOCK_M + 2 * WGMMA_STAGES * WGMMA_BLOCK_N) * head_size * 2
-    return tiles + 8 * (4 * WGMMA_STAGES + 4) + 1024
+    return tiles + 8 * (4 * WGMMA_STAGES + 4) + 2 * WGMMA_SLOT_BYTES + 1024
+
+
+def wgmma_counter(device):
+    """The Hopper kernel's work counter: a zeroed int32 tensor [2] on ``device`` (the next item
+    to take, the CTAs done). Allocate one per launch (a plan keeps the one its launch made):
+    the last CTA of a launch zeroes it again, so the next launch finds it zero.
+
+    Args:
+        device: the torch device the kernel runs on.
+
+    Returns:
+        [2] int32 zeros (pass ``ptr(...)`` of it).
+    """
+    import torch
+
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def tiled_shared_bytes(head_size: int, dtype: str) -> int:

@@ -113,7 +113,9 @@ class PrefillPlan(FrozenPlan):
         synchronisation), so it can be captured in a CUDA graph; with ``out`` given it
         allocates nothing. ``cu_seqlens_q`` and ``context_lens`` must hold the values the plan
         was made with (the work list came from them); ``debug`` checks that, and the block
-        ids, by reading the device.
+        ids, by reading the device. NOTE: buffers the launcher allocated are the plan's (the
+        Hopper kernel's work counter among them): run one plan on one stream at a time, and
+        replay a graph captured from it only where no other run of the plan is in flight.
 
         Args:
             query: [num_tokens, num_q_heads, head_size], as planned.

@@ -61,6 +61,7 @@ from labs.lab05_prefill_kernels._launch import (  # noqa: F401  (re-exported: te
     kernel_tiling,
     scalars,
     tiled_shared_bytes,
+    wgmma_counter,
     wgmma_shared_bytes,
 )
 from labs.lab05_prefill_kernels._plan import PrefillPlan  # noqa: F401  (re-exported)
@@ -302,9 +303,10 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     accumulate; compute capability 9.0 only).
 
     Work items are (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head), rows being (token, query
-    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`; persistent CTAs (at
-    most one per SM) loop over them, each with a producer warpgroup that copies (K and V pages
-    by TMA) and two consumer warpgroups of 64 rows. The plan needs
+    head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`, taken head by head;
+    persistent CTAs (at most one per SM) take them from a work counter until none is left, each
+    with a producer warpgroup that copies (K and V pages by TMA) and two consumer warpgroups of
+    64 rows. The plan needs
     ``rows_per_token = num_q_heads // num_kv_heads``, ``block_m = 128``, ``block_n = 128``.
     Arguments and return value as :func:`paged_prefill_naive`.
 
@@ -324,7 +326,8 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     # persistent CTA per SM at most —, block (WGMMA_THREADS,), shared memory
     # wgmma_shared_bytes(head_size), arguments as the tensor-core kernel followed by the TMA maps
     # of the two caches, tensor_map(key_cache, box_rows) and tensor_map(value_cache, box_rows)
-    # with box_rows = min(block_size, WGMMA_BLOCK_N), and np.int32(num_items).
+    # with box_rows = min(block_size, WGMMA_BLOCK_N), np.int32(num_items) and
+    # ptr(wgmma_counter(device)) (a zeroed work counter for the kernel's dynamic scheduler).
     raise NotImplementedError("TODO(lab5.6): paged_prefill_wgmma — launch the Hopper kernel")
 
 

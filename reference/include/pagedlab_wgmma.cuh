@@ -91,6 +91,12 @@ __device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
   }
 }
 
+// A barrier for `count` threads only (a multiple of 32; whole warps), numbered `id` (1..15:
+// __syncthreads() is barrier 0): one warpgroup can wait for itself while the others run on.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Warp specialisation: a warpgroup that only issues copies needs few registers, one that holds
 // accumulators needs many. setmaxnreg moves them at run time (every warp of the warpgroup runs
 // it; N a multiple of 8 in 24..256): dec gives registers back to the CTA's pool, inc waits until

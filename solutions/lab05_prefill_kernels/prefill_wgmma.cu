@@ -4,12 +4,16 @@
 // pairs stacked token-major so one K/V tile serves the whole GQA group — on Hopper's warpgroup
 // tensor cores, with the warps split by role ("warp specialisation") and the CTAs persistent:
 //
-//   The grid has at most one CTA per SM; CTA b takes items b, 2G - 1 - b, 2G + b, ... of the
-//   heaviest-first list (G = gridDim.x; the zigzag evens out what each CTA gets), so a CTA's
-//   start-up is paid once, and the next item's Q and first K tile load while the last item
-//   finishes.
+//   The grid has at most one CTA per SM (G = gridDim.x). CTA b starts with item b, then takes
+//   the next untaken one from a work counter in global memory (atomicAdd) until none is left:
+//   a CTA that finishes early takes more, whatever the items' sizes (a dynamic scheduler). The
+//   items go head-major (KV head, then the plan's heaviest-first order), so the CTAs running at
+//   one time share one or two heads' K/V, which then stays in L2. A CTA's start-up is paid
+//   once, and the next item's Q and first K tile load while the last item finishes.
 //
-//   warpgroup 0, the producer, only moves data: Q by cp.async into one of two buffers, then K
+//   warpgroup 0, the producer, only moves data: it takes the next item and names it in the slot
+//   of the Q buffer it loads (the consumers read the slot), Q by cp.async into one of two
+//   buffers, then K
 //   and V tiles of BN = 128 keys into a ring of STAGES = 2 stages each. Whole pages arrive by
 //   TMA (one lane asks the copy engine for a page's rows; the engine writes them swizzled and
 //   counts their bytes on the stage's mbarrier); the part of a tile past the context's last
@@ -24,10 +28,10 @@
 //   while the tensor cores do P V.
 //
 //   Every buffer changes hands through mbarriers: full_k[s] / full_v[s] / q_full[b] complete
-//   when a tile has landed, empty_k[s] / empty_v[s] / q_empty[b] when every consumer warp has
-//   finished reading it (K after its S, V after its P V, one tile later, Q after the item's last
-//   S). The K/V rings run on across items: g, a CTA's running tile count, names the stage
-//   (g % STAGES) and the phase (g / STAGES).
+//   when a tile has landed (q_full[b] also publishes slot b), empty_k[s] / empty_v[s] /
+//   q_empty[b] when every consumer warp has finished reading it (K after its S, V after its
+//   P V, one tile later, Q after the item's last S). The K/V rings run on across items: g, a
+//   CTA's running tile count, names the stage (g % STAGES) and the phase (g / STAGES).
 //
 // Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
 // which is also the layout TMA writes with the tensor maps the launcher passes
@@ -36,10 +40,11 @@
 // `pagedlab bench prefill`): every thread copying by cp.async, three
 // warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
 // address arithmetic and copies were the bottleneck: with the copies skipped the consumers ran
-// 540); the TMA producer 451 / 435; persistent CTAs 471 / 431, and P1 / P2 / P6 260 -> 282,
-// 406 -> 425, 44 -> 59 (P5, two 4096-token MHA prompts, 390 -> 366: a CTA's items spread over
-// more heads' K/V than L2 holds). The committed benchmark: P1-P6 293 / 383 / 442 / 405 / 374 /
-// 67, 0.89-0.98x FlashInfer's fa3 backend on P1-P5.
+// 540); the TMA producer 451 / 435; persistent CTAs with a static zigzag 471 / 431, and P1 / P2
+// / P6 260 -> 282, 406 -> 425, 44 -> 59; then the work counter and head-major items: P2 +1-2 %,
+// P4 +1 %, P5 (two 4096-token MHA prompts, whose heads' K/V outgrew L2) +3-5 %. The committed
+// benchmark: P1-P6 285 / 401 / 445 / 418 / 395 / 65, 0.94-0.98x FlashInfer's fa3 backend on
+// P1-P5.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -68,7 +73,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               int max_blocks_per_seq, int causal,
                               const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
                               const TmaDesc& value_map,   // value_cache, the same
-                              int num_items) {            // work items x KV heads
+                              int num_items,              // work items x KV heads
+                              int* __restrict__ sched) {  // [2] item counter, CTAs done: zero at launch
   constexpr int BM = 64 * CONSUMERS;
   constexpr int CH = D / 8;            // 16-byte chunks per row
   constexpr int NT = BN / 8;           // 8-key n-tiles of S
@@ -88,7 +94,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   const unsigned q_full = empty_v + 8 * STAGES, q_empty = q_full + 16;  // [2] each
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
-      mbar_init(q_full + 8 * b, PRODUCER_THREADS);
+      // q_full: the producer's cp.async arrivals, plus thread 0's, which publishes the item.
+      mbar_init(q_full + 8 * b, PRODUCER_THREADS + 1);
       mbar_init(q_empty + 8 * b, CONSUMER_WARPS);
     }
     for (int s = 0; s < STAGES; ++s) {
@@ -106,10 +113,18 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid / 32) % 4, lane = tid % 32;
   const int group = num_q_heads / num_kv_heads;
   struct Item { int kv_head, seq, row0, q_start, num_rows, kv_len, history, first_token, num_kv_tiles; };
+  // Which item Q buffer b holds (idx >= num_items: none, the CTA is done), from the producer to
+  // the consumers: written before the arrival that completes q_full[b], read after its wait.
+  struct Slot { int idx; Item w; };
+  static_assert(sizeof(Slot) <= 64, "a slot is WGMMA_SLOT_BYTES (_launch.py)");
+  Slot* const slots = reinterpret_cast<Slot*>(smem_raw + (q_empty + 16 - smem_addr(smem_raw)));  // [2]
+  const int num_work = num_items / num_kv_heads;
   auto item_of = [&](int idx) {
     Item w;
-    const int item = idx / num_kv_heads;
-    w.kv_head = idx % num_kv_heads;
+    // Head-major: the CTAs running at one time work on one or two KV heads, whose K/V then
+    // stay in L2 for all of them; within a head, the plan's heaviest-first order.
+    const int item = idx % num_work;
+    w.kv_head = idx / num_work;
     w.seq = work[2 * item];
     w.row0 = work[2 * item + 1];
     w.q_start = cu_seqlens_q[w.seq];
@@ -129,18 +144,28 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     const int block_shift = __ffs(block_size) - 1;  // block_size is a power of two (validated)
     const int box_rows = min(block_size, BN);
     int g0 = 0, n_item = 0;  // tiles of earlier items (the rings' running count), items done
-    // NOTE: the producer and the consumers walk the same items in the same order, so both
-    // sides agree on every stage and phase without telling each other.
+    // NOTE: the consumers take their items from the slots in the same order, so both sides
+    // agree on every stage and phase.
     for (;; ++n_item) {
-      const int idx = n_item * gridDim.x + ((n_item & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-      if (idx >= num_items) break;
-      const Item w = item_of(idx);
-      const int kv_head = w.kv_head, row0 = w.row0, num_rows = w.num_rows, q_start = w.q_start;
-      const int kv_len = w.kv_len, num_kv_tiles = w.num_kv_tiles;
-      const int* block_table = block_tables + (long long)w.seq * max_blocks_per_seq;
       const int qb = n_item & 1;
       const unsigned q_s = q_s0 + qb * BM * D * 2;
       if (n_item >= 2) mbar_wait(q_empty + 8 * qb, ((n_item >> 1) - 1) & 1);  // buffer free again
+      // The first item is blockIdx.x; the next ones come from a global counter, so a CTA that
+      // finishes early takes more (the balance a static split would need a perfect order for).
+      if (tid == 0)
+        slots[qb].idx = n_item == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(sched, 1);
+      named_bar_sync(1, PRODUCER_THREADS);
+      const int idx = slots[qb].idx;
+      if (idx >= num_items) {  // none left: tell the consumers (the slot says so), then stop
+        if (tid == 0) mbar_arrive(q_full + 8 * qb);
+        mbar_arrive_cp_async(q_full + 8 * qb);
+        break;
+      }
+      const Item w = item_of(idx);
+      if (tid == 0) slots[qb].w = w;
+      const int kv_head = w.kv_head, row0 = w.row0, num_rows = w.num_rows, q_start = w.q_start;
+      const int kv_len = w.kv_len, num_kv_tiles = w.num_kv_tiles;
+      const int* block_table = block_tables + (long long)w.seq * max_blocks_per_seq;
       // Q: rows past the sequence are zeros; buffer n_item % 2, free again once the consumers
       // released it two items ago.
       for (int c = tid; c < BM * CH; c += PRODUCER_THREADS) {
@@ -156,6 +181,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         }
         cp_async_16(q_s + sw_off<BM>(r, ch), src, bytes);
       }
+      if (tid == 0) mbar_arrive(q_full + 8 * qb);  // (a release: the slot is seen with Q)
       mbar_arrive_cp_async(q_full + 8 * qb);
       // A tile is cut into boxes of box_rows = min(block_size, BN) keys, each inside one page.
       auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile) {
@@ -208,6 +234,15 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       g0 += num_kv_tiles;
     }
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA has exited
+    if (tid == 0) {
+      // The last CTA to finish zeroes the counter for the next launch: every CTA's last
+      // atomicAdd on sched[0] came before its own on sched[1].
+      __threadfence();
+      if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
+        sched[0] = 0;
+        sched[1] = 0;
+      }
+    }
     return;
   }
 
@@ -216,10 +251,10 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   const int cwg = wg - 1;  // consumer index: rows 64 cwg .. 64 cwg + 63 of the tile
   int g0 = 0, n_item = 0;
   for (;; ++n_item) {
-    const int idx = n_item * gridDim.x + ((n_item & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-    if (idx >= num_items) break;
-    const Item w = item_of(idx);
     const int qb = n_item & 1;
+    mbar_wait(q_full + 8 * qb, (n_item >> 1) & 1);  // Q of this item landed, and its slot is set
+    if (slots[qb].idx >= num_items) break;
+    const Item w = slots[qb].w;
     const unsigned q_s = q_s0 + qb * BM * D * 2;
     const int kv_head = w.kv_head, row0 = w.row0, num_rows = w.num_rows, q_start = w.q_start;
     const int kv_len = w.kv_len, num_kv_tiles = w.num_kv_tiles, history = w.history;
@@ -259,7 +294,6 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       wgmma_commit();
     };
 
-    mbar_wait(q_full + 8 * qb, (n_item >> 1) & 1);
     for (int tile = 0; tile < num_kv_tiles; ++tile) {
       const int g = g0 + tile, st = g % STAGES;
       mbar_wait(full_k + 8 * st, (g / STAGES) & 1);  // K of this tile landed
@@ -285,6 +319,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         wgmma_wait<0>();
       }
       if (lane == 0) mbar_arrive(empty_k + 8 * st);  // this warp is done with K of this tile
+      // NOTE: every item has a tile (kv_len >= q_len >= 1), so Q and its slot are released here.
       if (tile == num_kv_tiles - 1 && lane == 0) mbar_arrive(q_empty + 8 * qb);  // and with Q
 #pragma unroll
       for (int k = 0; k < NT * 4; ++k) reg_fence(s[k]);
@@ -408,13 +443,13 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
        const int* cu_seqlens_q, const int* context_lens, const float* alibi_slopes,                \
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
        int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
-       const __grid_constant__ pagedlab::TmaDesc value_map, int num_items) {                       \
+       const __grid_constant__ pagedlab::TmaDesc value_map, int num_items, int* sched) {           \
     pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
                                                       block_tables, cu_seqlens_q, context_lens,    \
                                                       alibi_slopes, work, scale, num_q_heads,      \
                                                       num_kv_heads, block_size,                    \
                                                       max_blocks_per_seq, causal, key_map,         \
-                                                      value_map, num_items);                       \
+                                                      value_map, num_items, sched);                \
   }
 
 // Kernel names: prefill_wgmma_<dtype>_d<head_size>; BN = 128 keys, 2 stages, 2 consumers.
