@@ -379,9 +379,10 @@ def wgmma_shared_bytes(head_size: int) -> int:
 
 
 def wgmma_counter(device):
-    """The Hopper kernel's work counter: a zeroed int32 tensor [2] on ``device`` (the next item
-    to take, the CTAs done). Allocate one per launch (a plan keeps the one its launch made):
-    the last CTA of a launch zeroes it again, so the next launch finds it zero.
+    """The Hopper kernel's work counter: a zeroed int32 tensor [2] on ``device`` (how many items
+    were taken after each CTA's first, how many CTAs are done). Allocate one per launch (a plan
+    keeps the one its launch made): the last CTA of a launch zeroes it again, so the next
+    launch finds it zero.
 
     Args:
         device: the torch device the kernel runs on.
