@@ -53,12 +53,16 @@ HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
      [(53 * i) % 400 for i in range(48)], 8, 2, 128, 16, False, True),
     # 600 items of one KV tile each (prompts of at most 32 tokens over short histories): a CTA
     # runs through its items faster than through any K/V ring, so only q_empty stops the
-    # producer from writing an item's Q into the buffer the item before last still reads.
+    # producer from writing an item's Q into the buffer the item before last still reads
+    # (a race that never showed on an H100 without that wait: the handout's NOTE).
     ("f16-d64-bs16-gqa4-one-tile-items", "float16", [(7 * i) % 32 + 1 for i in range(150)],
      [(11 * i) % 61 for i in range(150)], 16, 4, 64, 16, False, True),
 ]
 needs_hopper = pytest.mark.skipif(HOPPER_SKIP is not None, reason=HOPPER_SKIP or "")
 KERNEL = "wgmma"
+#: The batch tensors plan_prefill and plan.run take, in their order.
+PLAN_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q",
+               "context_lens")
 
 
 @needs_hopper
@@ -149,9 +153,8 @@ def test_hopper_plan_run_follows_new_caches(impl):
     # New tensors (new addresses) with other values; the poisoned padding stays poisoned.
     b = {**a, "query": a["query"] * 0.5, "key_cache": -a["key_cache"],
          "value_cache": a["value_cache"] * 2}
-    names = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q", "context_lens")
-    plan = impl.plan_prefill(*(a[n] for n in names), a["scale"], kernel=KERNEL)
-    out = plan.run(*(b[n] for n in names))
+    plan = impl.plan_prefill(*(a[n] for n in PLAN_INPUTS), a["scale"], kernel=KERNEL)
+    out = plan.run(*(b[n] for n in PLAN_INPUTS))
     one_call = launcher(impl, KERNEL)(**b)
     synchronize()
     check_close(out, oracle(b), b, dtype="float16", what="plan made on batch a, run on batch b")
@@ -159,7 +162,7 @@ def test_hopper_plan_run_follows_new_caches(impl):
     assert diff == 0, f"plan.run differs from the one-call launch in {diff} elements"
     want_a = launcher(impl, KERNEL)(**a)
     for run in (2, 3, 4):  # (a counter left half-reset shows only from the third run on)
-        assert torch.equal(plan.run(*(a[n] for n in names)), want_a), (
+        assert torch.equal(plan.run(*(a[n] for n in PLAN_INPUTS)), want_a), (
             f"run {run} of the plan, on its own batch, must give the one-call output (did the "
             "last launch leave the work counter — both of its ints — at zero?)")
 
@@ -175,10 +178,9 @@ def test_hopper_launch_is_persistent(impl):
     from labs.lab05_prefill_kernels._launch import WGMMA_THREADS, wgmma_shared_bytes
     from reference.cuda import num_sms
 
-    names = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_q", "context_lens")
     for q_lens, d in (([300] * 40, 128), ([50, 7], 64)):
         batch = make_batch(131, q_lens, [100] * len(q_lens), 8, 2, d, 16, kernel=KERNEL)
-        plan = impl.plan_prefill(*(batch[n] for n in names), batch["scale"], kernel=KERNEL)
+        plan = impl.plan_prefill(*(batch[n] for n in PLAN_INPUTS), batch["scale"], kernel=KERNEL)
         num_items = len(plan.tile_plan.work) * 2
         sms = num_sms(batch["query"].device)
         want = ((min(num_items, sms),), (WGMMA_THREADS,), wgmma_shared_bytes(d))

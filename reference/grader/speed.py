@@ -250,8 +250,7 @@ def grade_stage(stage: SpeedStage, isolated: bool, how: str | None = None) -> di
         ``{"stage", "lab", "workload", "ok", "us", "fraction", "points", "max_points",
         "message"}``.
     """
-    result = {"lab": stage.lab, "stage": stage.stage, "workload": stage.workload.name,
-              "ceiling_kind": stage.ceiling, "max_points": sum(p for _, p in stage.tiers)}
+    result = _result_head(stage)
     try:
         recording = check_recording(record_stage(stage, isolated, how), stage.lab,
                                     files=stage.files)
@@ -265,13 +264,17 @@ def grade_stage(stage: SpeedStage, isolated: bool, how: str | None = None) -> di
     return {**result, **timed, "points": points}
 
 
+def _result_head(stage: SpeedStage) -> dict:
+    """The fields every stage's result starts with."""
+    return {"lab": stage.lab, "stage": stage.stage, "workload": stage.workload.name,
+            "ceiling_kind": stage.ceiling, "max_points": sum(p for _, p in stage.tiers)}
+
+
 def not_graded_here(stage: SpeedStage, capability: tuple) -> dict:
     """The result of a stage this GPU cannot run (its records are skipped, not failed)."""
     need = ".".join(map(str, stage.capability))
     have = ".".join(map(str, capability))
-    return {"lab": stage.lab, "stage": stage.stage, "workload": stage.workload.name,
-            "ceiling_kind": stage.ceiling, "max_points": sum(p for _, p in stage.tiers),
-            "ok": False, "skipped": True, "points": 0,
+    return {**_result_head(stage), "ok": False, "skipped": True, "points": 0,
             "message": f"not graded on this GPU: {stage.stage} needs compute capability {need}, "
                        f"this GPU is {have}"}
 

@@ -214,11 +214,10 @@ def _arg(arg, extents: list, storages: list) -> list:
 def _tensor_map_arg(arg, extents: list) -> list:
     """A TMA map argument (``reference.tma.tensor_map`` of a whole input cache) as
     ``["tmap", input name, box_rows]``: the timing side makes the map of its own input again."""
-    hit = _inside(arg.address, extents)
-    nbytes = next((n for name, _, n in extents if hit and name == hit[0]), None)
-    if hit is None or hit[1] != 0 or arg.rows * arg.head_size * 2 != nbytes:
-        raise ValueError("a tensor map argument must be tensor_map(...) of a whole input cache")
-    return ["tmap", hit[0], int(arg.box_rows)]
+    for name, base, nbytes in extents:
+        if arg.address == base and arg.rows * arg.head_size * 2 == nbytes:  # 16-bit elements
+            return ["tmap", name, int(arg.box_rows)]
+    raise ValueError("a tensor map argument must be tensor_map(...) of a whole input cache")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -255,6 +255,8 @@ def _ceiling(kind: str) -> float:
 
 
 def _argument_tuples(rec: dict, inputs: dict, scratch: list) -> list[tuple]:
+    from reference.tma import tensor_map
+
     out = []
     for launch in rec["launches"]:
         args = []
@@ -271,8 +273,6 @@ def _argument_tuples(rec: dict, inputs: dict, scratch: list) -> list[tuple]:
             elif kind == "i64":
                 args.append(np.int64(arg[1]))
             elif kind == "tmap":  # made again here, of this launch's own cache
-                from reference.tma import tensor_map
-
                 args.append(tensor_map(inputs[arg[1]], arg[2]))
             else:
                 args.append(np.float32(arg[1]))
