@@ -108,7 +108,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   //     place in the tile); the rows after the last whole box by cp.async (zeros past kv_len);
   //     then every producer thread mbar_arrive_cp_async(full). At the end cp_async_wait<0>();
   //     then thread 0: __threadfence(); the CTA whose atomicAdd(&sched[1], 1) returns
-  //     gridDim.x - 1 zeroes sched[0] and sched[1] for the next launch.
+  //     gridDim.x - 1 fences again and zeroes sched[0] and sched[1] for the next launch.
   //   consumers: setmaxnreg_inc<CONSUMER_REGS>(); per item n: wait q_full of buffer n % 2
   //     (parity (n / 2) & 1); read the slot (stop if idx >= num_items); O, m, l reset;
   //     loop t: mbar_wait full_k of t (and, for t > 0, full_v of t - 1);

@@ -143,7 +143,8 @@ def test_hopper_plan_run_follows_new_caches(impl):
     """A plan made on one batch and run on another of the same shape (new caches, query and
     block tables) computes the new batch: the TMA maps name a cache's address, so a run must
     use maps of the run's caches, not the plan's (launch with tensor_map(<the input cache>));
-    and the run gives the one-call output bit for bit, run after run (four runs). The batch
+    and the run gives the one-call output bit for bit, run after run (four runs, the last three
+    into a NaN-poisoned out=). The batch
     has more work items than a GPU has SMs, so the CTAs take items from the work counter,
     which every run must find at zero again (the kernel's last CTA resets it)."""
     import torch
@@ -162,7 +163,11 @@ def test_hopper_plan_run_follows_new_caches(impl):
     assert diff == 0, f"plan.run differs from the one-call launch in {diff} elements"
     want_a = launcher(impl, KERNEL)(**a)
     for run in (2, 3, 4):  # (a counter left half-reset shows only from the third run on)
-        assert torch.equal(plan.run(*(a[n] for n in PLAN_INPUTS)), want_a), (
+        # NOTE: into a NaN out=: a fresh output could reuse the last run's memory, whose right
+        # values would hide items a run skipped.
+        poisoned = torch.full_like(want_a, float("nan"))
+        got = plan.run(*(a[n] for n in PLAN_INPUTS), out=poisoned)
+        assert torch.equal(got, want_a), (
             f"run {run} of the plan, on its own batch, must give the one-call output (did the "
             "last launch leave the work counter — both of its ints — at zero?)")
 

@@ -239,6 +239,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       // atomicAdd on sched[0] came before its own on sched[1].
       __threadfence();
       if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
+        __threadfence();  // the zeroing is ordered after the atomics that this one saw
         sched[0] = 0;
         sched[1] = 0;
       }

@@ -11,13 +11,18 @@ read as the handouts' "Measure it yourself" sections explain:
   cached byte once);
 * ``occupancy %`` — achieved occupancy, warps resident per SM as % of the maximum;
 * ``tensor %`` — the tensor pipe's active cycles, % of peak: the prefill kernels' roofline;
+* ``issue %`` — instructions issued, % of the schedulers' peak (one per cycle each): near 100
+  the kernel is bound by its own instruction count, not by a pipe it waits on;
+* ``L2 %`` — L2 throughput, % of peak: where K/V tiles re-read by many CTAs come from;
 * ``smem conflicts`` — shared-memory bank conflicts of loads + stores (``ldmatrix`` and stores
   of an unswizzled tile show up here);
 * ``regs`` / ``smem KiB`` — registers per thread and dynamic shared memory per CTA, the usual
   limits of occupancy.
 
-Usage: ``pagedlab bench ncu [--stages v4 v6 tc tiled]``; results go to ``ncu.json`` with the
-device and date. Needs a GPU whose driver lets ncu read counters (see the handout's note).
+Usage: ``pagedlab bench ncu [--stages v4 v6 tiled tc wgmma flashinfer] [--workload P3]``;
+results go to ``ncu.json`` with the device and date. Needs a GPU whose driver lets ncu read
+counters (see the handout's note). The ``flashinfer`` stage profiles FlashInfer's prefill
+(its default backend) on the same caches, for reading a stage's counters against it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ STAGES = {
     "v6": ("decode", "D1", "paged_decode_v6"),
     "tiled": ("prefill", "P1", "prefill_tiled_"),
     "tc": ("prefill", "P1", "prefill_tc_"),
+    "wgmma": ("prefill", "P1", "prefill_wgmma_"),
+    # NOTE: FlashInfer's own kernel (its default backend, FlashAttention-3 on Hopper) on the same
+    # caches, so a stage's counters can be read against a production kernel's.
+    "flashinfer": ("prefill", "P1", "(?i)prefill"),
 }
 
 #: column -> Nsight Compute metric
@@ -48,6 +57,8 @@ METRICS = {
     "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "issue_pct": "sm__inst_issued.avg.pct_of_peak_sustained_active",
+    "l2_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
     "smem_ld_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "smem_st_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
     "regs": "launch__registers_per_thread",
@@ -55,13 +66,15 @@ METRICS = {
 }
 
 
-def target(stage: str) -> None:
-    """Target mode: builds the stage's workload and calls it twice (ncu measures the second)."""
+def target(stage: str, workload: str | None = None) -> None:
+    """Target mode: builds the workload (default: the stage's) and calls the stage twice (ncu
+    measures the second)."""
     import torch
 
     from reference.loader import load_impl
 
-    lab, workload, _ = STAGES[stage]
+    lab, default, _ = STAGES[stage]
+    workload = workload or default
     if lab == "decode":
         from reference.tools.bench.decode import build_batch
         from reference.tools.bench.decode_workloads import DECODE_WORKLOADS
@@ -79,22 +92,31 @@ def target(stage: str) -> None:
         common, workloads = load_workloads()
         wl = next(w for w in workloads if w["name"] == workload)
         b = build_inputs(settings_of(common, wl), wl)
-        impl = load_impl("lab05_prefill_kernels")
-        fn = getattr(impl, f"paged_prefill_{stage}")
-        args = ()
-        kwargs = b
+        args, kwargs = (), {}
+        if stage == "flashinfer":
+            import flashinfer
+
+            from reference.tools.bench.prefill import flashinfer_fn
+
+            fn, _ = flashinfer_fn(flashinfer, b, settings_of(common, wl), wl)
+        else:
+            impl = load_impl("lab05_prefill_kernels")
+            fn = getattr(impl, f"paged_prefill_{stage}")
+            kwargs = b
     for _ in range(2):
         fn(*args, **kwargs)
     torch.cuda.synchronize()
 
 
-def profile(stage: str, ncu: str) -> dict:
-    """Runs ncu on the stage's target; returns {column: value} (None where a metric is n/a)."""
-    _, workload, kernel = STAGES[stage]
+def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
+    """Runs ncu on the stage's target (on ``workload``, default the stage's); returns {column:
+    value} (None where a metric is n/a)."""
+    _, default, kernel = STAGES[stage]
+    workload = workload or default
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
            "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
            ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
-           "--target", stage]
+           "--target", stage, "--workload", workload]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     values: dict[str, float | None] = dict.fromkeys(METRICS)
@@ -135,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedlab bench ncu", description=__doc__.splitlines()[0])
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for ncu.json")
+    parser.add_argument("--workload", help="a workload of the stage's lab (P1-P6, D1-D6; "
+                        "default: D1 for decode stages, P1 for prefill)")
     parser.add_argument("--target", choices=list(STAGES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.target:
-        target(args.target)
+        target(args.target, args.workload)
         return 0
     ncu = find_ncu()
     if ncu is None:
@@ -146,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for stage in args.stages:
-        row = profile(stage, ncu)
+        try:
+            row = profile(stage, ncu, args.workload)
+        except RuntimeError as e:  # e.g. FlashInfer not installed, wgmma off Hopper
+            print(f"  {stage}: skipped: {e}", flush=True)
+            continue
         conflicts = [row[k] for k in ("smem_ld_conflicts", "smem_st_conflicts")]
         row["smem_conflicts"] = None if None in conflicts else sum(conflicts)
         row["smem_kib"] = None if row["smem_bytes"] is None else row["smem_bytes"] / 1024
@@ -154,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {stage}: {row}", flush=True)
     cols = [("stage", "stage", ""), ("workload", "workload", ""), ("time_us", "time µs", ".1f"),
             ("dram_pct", "dram %", ".1f"), ("occupancy_pct", "occupancy %", ".1f"),
-            ("tensor_pct", "tensor %", ".1f"), ("smem_conflicts", "smem conflicts", ".0f"),
+            ("tensor_pct", "tensor %", ".1f"), ("issue_pct", "issue %", ".1f"),
+            ("l2_pct", "L2 %", ".1f"), ("smem_conflicts", "smem conflicts", ".0f"),
             ("regs", "regs", ".0f"), ("smem_kib", "smem KiB", ".1f")]
     print(format_table(rows, cols))
     out = Path(args.out)
