@@ -111,8 +111,10 @@ def target(stage: str, workload: str | None = None) -> None:
 def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
     """Runs ncu on the stage's target (on ``workload``, default the stage's); returns {column:
     value} (None where a metric is n/a)."""
-    _, default, kernel = STAGES[stage]
+    lab, default, kernel = STAGES[stage]
     workload = workload or default
+    if workload[:1] != default[:1]:  # D1-D6 are decode's, P1-P6 prefill's
+        raise RuntimeError(f"{workload} is not a {lab} workload")
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
            "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
            ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
