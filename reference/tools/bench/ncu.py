@@ -113,14 +113,17 @@ def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
     value} (None where a metric is n/a)."""
     lab, default, kernel = STAGES[stage]
     workload = workload or default
-    if workload[:1] != default[:1]:  # D1-D6 are decode's, P1-P6 prefill's
-        raise RuntimeError(f"{workload} is not a {lab} workload")
+    if workload not in workload_names(lab):
+        raise RuntimeError(f"{workload} is not a {lab} workload ({', '.join(workload_names(lab))})")
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
            "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
            ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
            "--target", stage, "--workload", workload]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"ncu ran past {e.timeout:.0f} s on {stage}") from e
     values: dict[str, float | None] = dict.fromkeys(METRICS)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith('"')]
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
@@ -131,6 +134,17 @@ def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"ncu measured nothing for {stage} (exit {done.returncode}):\n{tail}")
     return {"stage": stage, "workload": workload, "kernel": kernel, **values}
+
+
+def workload_names(lab: str) -> list[str]:
+    """The benchmark workloads of ``lab`` (``"decode"``: D1..., ``"prefill"``: P1...)."""
+    if lab == "decode":
+        from reference.tools.bench.decode_workloads import DECODE_WORKLOADS
+
+        return [w.name for w in DECODE_WORKLOADS]
+    from reference.tools.bench.prefill import load_workloads
+
+    return [w["name"] for w in load_workloads()[1]]
 
 
 def _number(text: str, unit: str) -> float | None:
@@ -187,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             ("tensor_pct", "tensor %", ".1f"), ("issue_pct", "issue %", ".1f"),
             ("l2_pct", "L2 %", ".1f"), ("smem_conflicts", "smem conflicts", ".0f"),
             ("regs", "regs", ".0f"), ("smem_kib", "smem KiB", ".1f")]
+    if not rows:  # keep an earlier ncu.json rather than overwrite it with nothing
+        print("pagedlab bench ncu: no stage was measured")
+        return 1
     print(format_table(rows, cols))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
