@@ -5,7 +5,8 @@ prompt or a chunk of one (several new tokens after a history). This module split
 before the first layer, and then every layer runs
 
     decode rows   -> Lab 4's ``paged_attention`` (v6 or v4, the lab's production entry point)
-    prefill rows  -> Lab 5's ``paged_prefill_tc`` (tensor cores; causal with history)
+    prefill rows  -> Lab 5's ``paged_prefill_wgmma`` on a Hopper GPU where Task 5.6 is done,
+                     else ``paged_prefill_tc`` (tensor cores; causal with history)
 
 over the same ``[num_blocks, num_kv_heads, block_size, head_size]`` pool the model wrote K/V
 into, and scatters both outputs back into the step's packed order. The plans (Lab 5's query
@@ -104,7 +105,7 @@ def check_kernel_model(like: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _probe_cached(impl_key: tuple, dtype: torch.dtype, device: str, emulated: bool) -> None:
+def _probe_cached(impl_key: tuple, dtype: torch.dtype, device: str, emulated: bool) -> str:
     lab4, lab5 = kernel_labs()
     gen = torch.Generator().manual_seed(0)
     # NOTE: one sequence, head size 64, block 16: the smallest batch both labs accept, so the
@@ -128,15 +129,37 @@ def _probe_cached(impl_key: tuple, dtype: torch.dtype, device: str, emulated: bo
                 f"{impl_key[1 if lab == LAB4 else 2]}), which is unfinished: {exc}. Finish that "
                 f"lab (LAB_IMPL={impl_key[0]} pagedlab grade {lab[4]} lists what is left) or use "
                 f"attention_backend='oracle'.") from exc
+    return _prefill_kernel(lab5, q4, k, v, table, cu, lens, emulated)
 
 
-def probe(dtype: torch.dtype, device: str) -> None:
+def _prefill_kernel(lab5, q4, k, v, table, cu, lens, emulated: bool) -> str:
+    """``"wgmma"`` where Lab 5's Hopper stage runs and agrees with its tensor-core stage on the
+    probe batch, else ``"tc"``.
+
+    NOTE: Task 5.6 is optional and Hopper-only: an unfinished or failing Hopper stage is not an
+    error here; the backend then serves prefill on ``paged_prefill_tc``, as on other GPUs.
+    """
+    if emulated or torch.cuda.get_device_capability(q4.device) != (9, 0):
+        return "tc"
+    try:
+        got = lab5.paged_prefill_wgmma(q4, k, v, table, cu, lens, 0.125)
+        want = lab5.paged_prefill_tc(q4, k, v, table, cu, lens, 0.125)
+    except (NotImplementedError, ValueError, RuntimeError):
+        return "tc"
+    return "wgmma" if torch.allclose(got.float(), want.float(), atol=2e-2, rtol=0) else "tc"
+
+
+def probe(dtype: torch.dtype, device: str) -> str:
     """Runs Lab 4's decode and Lab 5's prefill launcher once on a tiny batch (once per process,
-    implementation, dtype and device), so an unfinished lab is reported before a step runs.
+    implementation, dtype and device), so an unfinished lab is reported before a step runs; on a
+    Hopper GPU also Lab 5's ``paged_prefill_wgmma``, to pick the prefill kernel.
 
     Args:
         dtype: float16 or bfloat16.
         device: ``"cuda:N"``, or ``"cpu"`` under emulation.
+
+    Returns:
+        The prefill kernel to serve with: ``"wgmma"`` or ``"tc"``.
 
     Raises:
         KernelLabsUnfinishedError: a launcher raised ``NotImplementedError`` (a TODO).
@@ -146,7 +169,7 @@ def probe(dtype: torch.dtype, device: str) -> None:
 
     impl = impl_name()
     key = (impl, str(impl_file(LAB4, impl)), str(impl_file(LAB5, impl)))
-    _probe_cached(key, dtype, device, emulating())
+    return _probe_cached(key, dtype, device, emulating())
 
 
 @dataclass
@@ -161,7 +184,8 @@ class _Part:
     context_lens: torch.Tensor       # [num_part_seqs] int32
     cu_seqlens_q: torch.Tensor | None  # [num_part_seqs + 1] int32 (prefill only)
     max_context_len: int
-    plan: object = None              # Lab 5's TilePlan (prefill only)
+    plan: object = None              # Lab 5's TilePlan (prefill only; made at the first layer)
+    kernel: str = "tc"               # Lab 5's prefill stage: "tc" or "wgmma" (see probe)
 
 
 class KernelStep:
@@ -190,11 +214,11 @@ class KernelStep:
             p = self.prefill
             q_host = [0] + list(torch.tensor([q_lens[i] for i in prefill]).cumsum(0).tolist())
             p.cu_seqlens_q = torch.tensor(q_host, dtype=torch.int32, device=device)
-            # Plan once per step from host copies; every layer reuses it (nothing read back).
-            p.plan = self.lab5.plan_for_kernel(
-                "tc", torch.tensor(q_host, dtype=torch.int32),
-                torch.tensor([ctx[i] for i in prefill], dtype=torch.int32),
-                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+            # Host copies for the plan, made once per step at the first layer (which knows the
+            # dtype the prefill kernel is picked for); every layer reuses it (nothing read back).
+            self._plan_args = (torch.tensor(q_host, dtype=torch.int32),
+                               torch.tensor([ctx[i] for i in prefill], dtype=torch.int32))
+            self._heads = (num_q_heads, num_kv_heads)
 
     @staticmethod
     def _part(inputs, seqs: list[int], starts, ctx, device, whole: bool) -> _Part | None:
@@ -239,6 +263,11 @@ class KernelStep:
                                          max_context_len=part.max_context_len)
 
     def _prefill(self, part: _Part, q, key_cache, value_cache, scale):
-        return self.lab5.paged_prefill_tc(q, key_cache, value_cache, part.block_tables,
-                                          part.cu_seqlens_q, part.context_lens, scale,
-                                          plan=part.plan)
+        if part.plan is None:
+            part.kernel = probe(q.dtype, str(q.device))
+            part.plan = self.lab5.plan_for_kernel(
+                part.kernel, *self._plan_args, num_q_heads=self._heads[0],
+                num_kv_heads=self._heads[1])
+        launcher = getattr(self.lab5, f"paged_prefill_{part.kernel}")
+        return launcher(q, key_cache, value_cache, part.block_tables, part.cu_seqlens_q,
+                        part.context_lens, scale, plan=part.plan)

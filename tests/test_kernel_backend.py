@@ -185,6 +185,47 @@ def test_unfinished_kernel_labs_are_named_before_serving(monkeypatch):
 
 
 
+def _is_hopper() -> bool:
+    return (not emulation_requested() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability() == (9, 0))
+
+
+@pytest.mark.emulated
+@needs_kernels
+def test_prefill_kernel_is_wgmma_on_hopper_else_tc():
+    """The backend serves prefill on Lab 5's Hopper stage (paged_prefill_wgmma) on a Hopper GPU
+    where that stage runs and agrees with the tensor-core stage on the probe batch, and on
+    paged_prefill_tc everywhere else (other GPUs, emulation)."""
+    from reference import kernel_backend
+
+    kernel_backend._probe_cached.cache_clear()
+    got = kernel_backend.probe(torch.float16, str(torch.device(kernel_device())))
+    assert got == ("wgmma" if _is_hopper() else "tc"), got
+
+
+@pytest.mark.emulated
+@needs_kernels
+def test_unfinished_hopper_stage_falls_back_to_tc(monkeypatch):
+    """Task 5.6 is optional: a Hopper stage that still raises its TODO, or disagrees with the
+    tensor-core stage, leaves prefill on paged_prefill_tc instead of refusing to serve."""
+    from reference import kernel_backend
+
+    lab5 = kernel_backend.kernel_labs()[1]
+
+    def unfinished(*args, **kwargs):
+        raise NotImplementedError("TODO(lab5.6): ...")
+
+    def wrong(*args, **kwargs):
+        return lab5.paged_prefill_tc(*args, **kwargs) + 1
+
+    for fake in (unfinished, wrong):
+        monkeypatch.setattr(lab5, "paged_prefill_wgmma", fake)
+        kernel_backend._probe_cached.cache_clear()
+        assert kernel_backend.probe(torch.float16, str(torch.device(kernel_device()))) == "tc"
+    monkeypatch.undo()
+    kernel_backend._probe_cached.cache_clear()
+
+
 # ----------------------------------------------------------------------------- refusals (any machine)
 
 
