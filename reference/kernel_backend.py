@@ -117,11 +117,12 @@ def _probe_cached(impl_key: tuple, dtype: torch.dtype, device: str, emulated: bo
     q1 = torch.randn(1, 2, 64, generator=gen).to(dtype=dtype, device=device)
     q4 = torch.randn(4, 2, 64, generator=gen).to(dtype=dtype, device=device)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    prefill_args = (q4, k, v, table, cu, lens, 0.125)
     calls = ((LAB4, lambda: lab4.paged_attention(q1, k, v, table, lens, 0.125)),
-             (LAB5, lambda: lab5.paged_prefill_tc(q4, k, v, table, cu, lens, 0.125)))
+             (LAB5, lambda: lab5.paged_prefill_tc(*prefill_args)))
     for lab, call in calls:
         try:
-            call()
+            out = call()
         except NotImplementedError as exc:
             name = "paged_attention" if lab == LAB4 else "paged_prefill_tc"
             raise KernelLabsUnfinishedError(
@@ -129,21 +130,20 @@ def _probe_cached(impl_key: tuple, dtype: torch.dtype, device: str, emulated: bo
                 f"{impl_key[1 if lab == LAB4 else 2]}), which is unfinished: {exc}. Finish that "
                 f"lab (LAB_IMPL={impl_key[0]} pagedlab grade {lab[4]} lists what is left) or use "
                 f"attention_backend='oracle'.") from exc
-    return _prefill_kernel(lab5, q4, k, v, table, cu, lens, emulated)
+    return _prefill_kernel(lab5, prefill_args, out, emulated)
 
 
-def _prefill_kernel(lab5, q4, k, v, table, cu, lens, emulated: bool) -> str:
-    """``"wgmma"`` where Lab 5's Hopper stage runs and agrees with its tensor-core stage on the
-    probe batch, else ``"tc"``.
+def _prefill_kernel(lab5, args: tuple, want: torch.Tensor, emulated: bool) -> str:
+    """``"wgmma"`` where Lab 5's Hopper stage runs on the probe batch ``args`` and agrees with
+    its tensor-core stage's output there (``want``), else ``"tc"``.
 
     NOTE: Task 5.6 is optional and Hopper-only: an unfinished or failing Hopper stage is not an
     error here; the backend then serves prefill on ``paged_prefill_tc``, as on other GPUs.
     """
-    if emulated or torch.cuda.get_device_capability(q4.device) != (9, 0):
+    if emulated or torch.cuda.get_device_capability(want.device) != (9, 0):
         return "tc"
     try:
-        got = lab5.paged_prefill_wgmma(q4, k, v, table, cu, lens, 0.125)
-        want = lab5.paged_prefill_tc(q4, k, v, table, cu, lens, 0.125)
+        got = lab5.paged_prefill_wgmma(*args)
     except (NotImplementedError, ValueError, RuntimeError):
         return "tc"
     return "wgmma" if torch.allclose(got.float(), want.float(), atol=2e-2, rtol=0) else "tc"
@@ -216,9 +216,10 @@ class KernelStep:
             p.cu_seqlens_q = torch.tensor(q_host, dtype=torch.int32, device=device)
             # Host copies for the plan, made once per step at the first layer (which knows the
             # dtype the prefill kernel is picked for); every layer reuses it (nothing read back).
-            self._plan_args = (torch.tensor(q_host, dtype=torch.int32),
-                               torch.tensor([ctx[i] for i in prefill], dtype=torch.int32))
-            self._heads = (num_q_heads, num_kv_heads)
+            self._plan_for = functools.partial(
+                self.lab5.plan_for_kernel, cu_seqlens_q=torch.tensor(q_host, dtype=torch.int32),
+                context_lens=torch.tensor([ctx[i] for i in prefill], dtype=torch.int32),
+                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
 
     @staticmethod
     def _part(inputs, seqs: list[int], starts, ctx, device, whole: bool) -> _Part | None:
@@ -265,9 +266,7 @@ class KernelStep:
     def _prefill(self, part: _Part, q, key_cache, value_cache, scale):
         if part.plan is None:
             part.kernel = probe(q.dtype, str(q.device))
-            part.plan = self.lab5.plan_for_kernel(
-                part.kernel, *self._plan_args, num_q_heads=self._heads[0],
-                num_kv_heads=self._heads[1])
+            part.plan = self._plan_for(part.kernel)
         launcher = getattr(self.lab5, f"paged_prefill_{part.kernel}")
         return launcher(q, key_cache, value_cache, part.block_tables, part.cu_seqlens_q,
                         part.context_lens, scale, plan=part.plan)

@@ -144,9 +144,9 @@ def test_hopper_plan_run_follows_new_caches(impl):
     block tables) computes the new batch: the TMA maps name a cache's address, so a run must
     use maps of the run's caches, not the plan's (launch with tensor_map(<the input cache>));
     and the run gives the one-call output bit for bit, run after run (four runs, the last three
-    into a NaN-poisoned out=). The batch
-    has more work items than a GPU has SMs, so the CTAs take items from the work counter,
-    which every run must find at zero again (the kernel's last CTA resets it)."""
+    into a NaN-poisoned out=). The batch has more work items than a GPU has SMs, so the CTAs
+    take items from the work counter, which every run must find at zero again (the kernel's
+    last CTA resets it)."""
     import torch
 
     a = make_batch(127, [40, 200] + [150] * 24, [100, 0] + [50] * 24, 8, 2, 128, 16,

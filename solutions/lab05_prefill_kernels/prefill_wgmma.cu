@@ -13,8 +13,7 @@
 //
 //   warpgroup 0, the producer, only moves data: it takes the next item and names it in the slot
 //   of the Q buffer it loads (the consumers read the slot), Q by cp.async into one of two
-//   buffers, then K
-//   and V tiles of BN = 128 keys into a ring of STAGES = 2 stages each. Whole pages arrive by
+//   buffers, then K and V tiles of BN = 128 keys into a ring of STAGES = 2 stages each. Whole pages arrive by
 //   TMA (one lane asks the copy engine for a page's rows; the engine writes them swizzled and
 //   counts their bytes on the stage's mbarrier); the part of a tile past the context's last
 //   whole page by cp.async, zero-filled past the context. It gives most of its registers away
@@ -26,7 +25,7 @@
 //   and V read "transposed" (MN-major). Per consumer the work is software-pipelined: S of tile
 //   t and P V of tile t - 1 are issued together, and the softmax of tile t (CUDA cores) is
 //   meant to run while the tensor cores do P V. NOTE: ptxas (CUDA 13) moves the wait for P V
-//   up to the softmax's start (the SASS shows it; the handout's "Measure it yourself"), so
+//   up to near the softmax's start (the SASS shows it; the handout's "Measure it yourself"), so
 //   today only the other consumer's work runs under P V.
 //
 //   Every buffer changes hands through mbarriers: full_k[s] / full_v[s] / q_full[b] complete

@@ -91,14 +91,15 @@ def target(stage: str, workload: str | None = None) -> None:
 
         common, workloads = load_workloads()
         wl = next(w for w in workloads if w["name"] == workload)
-        b = build_inputs(settings_of(common, wl), wl)
+        cfg = settings_of(common, wl)
+        b = build_inputs(cfg, wl)
         args, kwargs = (), {}
         if stage == "flashinfer":
             import flashinfer
 
             from reference.tools.bench.prefill import flashinfer_fn
 
-            fn, _ = flashinfer_fn(flashinfer, b, settings_of(common, wl), wl)
+            fn, _ = flashinfer_fn(flashinfer, b, cfg, wl)
         else:
             impl = load_impl("lab05_prefill_kernels")
             fn = getattr(impl, f"paged_prefill_{stage}")
@@ -113,8 +114,9 @@ def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
     value} (None where a metric is n/a)."""
     lab, default, kernel = STAGES[stage]
     workload = workload or default
-    if workload not in workload_names(lab):
-        raise RuntimeError(f"{workload} is not a {lab} workload ({', '.join(workload_names(lab))})")
+    names = workload_names(lab)
+    if workload not in names:
+        raise RuntimeError(f"{workload} is not a {lab} workload ({', '.join(names)})")
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
            "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
            ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
