@@ -25,8 +25,9 @@
 //   and V read "transposed" (MN-major). Per consumer the work is software-pipelined: S of tile
 //   t and P V of tile t - 1 are issued together, and the softmax of tile t (CUDA cores) is
 //   meant to run while the tensor cores do P V. NOTE: ptxas (CUDA 13) moves the wait for P V
-//   up to near the softmax's start (the SASS shows it; the handout's "Measure it yourself"), so
-//   today only the other consumer's work runs under P V.
+//   up to near the softmax's start (the SASS shows it; the handout's "Measure it yourself").
+//   Pinned back after the softmax, it ran no faster: the other consumer's S and P V already
+//   keep the tensor cores busy while this one does its softmax.
 //
 //   Every buffer changes hands through mbarriers: full_k[s] / full_v[s] / q_full[b] complete
 //   when a tile has landed (q_full[b] also publishes slot b), empty_k[s] / empty_v[s] /

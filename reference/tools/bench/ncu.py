@@ -20,7 +20,8 @@ read as the handouts' "Measure it yourself" sections explain:
   limits of occupancy.
 
 Usage: ``pagedlab bench ncu [--stages v4 v6 tiled tc wgmma flashinfer] [--workload P3]``;
-results go to ``ncu.json`` with the device and date. Needs a GPU whose driver lets ncu read
+results go to ``ncu.json`` with the device and date, each row with the profiled kernel's full
+name (``kernel_name``: for ``flashinfer``, which of its backends ran). Needs a GPU whose driver lets ncu read
 counters (see the handout's note). The ``flashinfer`` stage profiles FlashInfer's prefill
 (its default backend) on the same caches, for reading a stage's counters against it.
 """
@@ -126,16 +127,36 @@ def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"ncu ran past {e.timeout:.0f} s on {stage}") from e
-    values: dict[str, float | None] = dict.fromkeys(METRICS)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('"')]
-    for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        for col, metric in METRICS.items():
-            if row.get("Metric Name") == metric:
-                values[col] = _number(row.get("Metric Value", ""), row.get("Metric Unit", ""))
+    values, kernel_name = parse_csv(done.stdout)
     if all(v is None for v in values.values()):
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"ncu measured nothing for {stage} (exit {done.returncode}):\n{tail}")
-    return {"stage": stage, "workload": workload, "kernel": kernel, **values}
+    # NOTE: the name says which kernel the regex caught; for the flashinfer stage it is what
+    # tells its backends apart (FlashAttention-3's kernels on Hopper spell out their tiling).
+    return {"stage": stage, "workload": workload, "kernel": kernel, "kernel_name": kernel_name,
+            **values}
+
+
+def parse_csv(stdout: str) -> tuple[dict[str, float | None], str | None]:
+    """Reads ``ncu --csv --metrics ...`` output (one launch profiled).
+
+    Args:
+        stdout: ncu's standard output; lines that are not CSV rows (the target's own prints,
+            ncu's ``==PROF==`` notes) are skipped.
+
+    Returns:
+        ({column of METRICS: value, None where ncu gave no number}, the profiled kernel's
+        name, or None where no row named one).
+    """
+    values: dict[str, float | None] = dict.fromkeys(METRICS)
+    kernel_name = None
+    lines = [ln for ln in stdout.splitlines() if ln.startswith('"')]
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        kernel_name = kernel_name or row.get("Kernel Name") or None
+        for col, metric in METRICS.items():
+            if row.get("Metric Name") == metric:
+                values[col] = _number(row.get("Metric Value", ""), row.get("Metric Unit", ""))
+    return values, kernel_name
 
 
 def workload_names(lab: str) -> list[str]:

@@ -1,0 +1,44 @@
+"""``pagedlab bench ncu`` reads ncu's CSV: metric values in the columns' units, and the name of
+the kernel it profiled (CPU only: the output is a recorded sample)."""
+
+import pytest
+
+from reference.tools.bench.ncu import METRICS, parse_csv
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+          '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+          '"Metric Value"')
+KERNEL = ("void flashinfer::PrefillWithKVCacheKernel<flashinfer::AttentionKernelTraits<false, "
+          "128, 128, 128, 96, 2, half, half, half, int>>(...)")
+
+
+def _row(metric: str, unit: str, value: str) -> str:
+    return (f'"0","4242","python3","127.0.0.1","{KERNEL}","1","7","(384, 1, 1)","(132, 1, 1)",'
+            f'"0","9.0","Command line profiler metrics","{metric}","{unit}","{value}"')
+
+
+def test_values_get_the_columns_units_and_the_kernel_is_named():
+    """Durations in ns become µs, thousands separators are read, a metric ncu printed as "n/a"
+    stays None, lines that are not CSV are skipped, and the kernel's full name is kept."""
+    stdout = "\n".join([
+        "==PROF== Connected to process 4242",
+        "a line the target printed",
+        HEADER,
+        _row(METRICS["time_us"], "ns", "1,017,344"),
+        _row(METRICS["tensor_pct"], "%", "64.31"),
+        _row(METRICS["dram_pct"], "%", "n/a"),
+        "==PROF== Disconnected from process 4242",
+    ])
+    values, name = parse_csv(stdout)
+    assert values["time_us"] == pytest.approx(1017.344)
+    assert values["tensor_pct"] == pytest.approx(64.31)
+    assert values["dram_pct"] is None
+    assert values["regs"] is None  # not in the output at all
+    assert name == KERNEL
+
+
+def test_output_without_rows_names_no_kernel():
+    """ncu that profiled nothing (the regex matched no launch): every value None, no name."""
+    values, name = parse_csv("==PROF== Connected to process 1\n==WARNING== No kernels were profiled.")
+    assert all(v is None for v in values.values())
+    assert name is None
