@@ -46,7 +46,8 @@
 // / P6 260 -> 282, 406 -> 425, 44 -> 59; then the work counter and head-major items: P2 +1-2 %,
 // P4 +1 %, P5 (two 4096-token MHA prompts, whose heads' K/V outgrew L2) +3-5 %. The committed
 // benchmark: P1-P6 285 / 401 / 445 / 418 / 395 / 65, 0.94-0.98x FlashInfer's fa3 backend on
-// P1-P5.
+// P1-P5. Then the producer's block-table reads moved ahead of its stage waits: on an H200,
+// 0.96-1.01x (P1-P5 296 / 403 / 456 / 430 / 409).
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -108,7 +109,9 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   //     __syncwarp(); lane j of warp 0 loads box j with tma_load_2d (one per 64 columns: column
   //     c * 64, cache row (block * num_kv_heads + kv_head) * block_size + slot, to the box's
   //     place in the tile); the rows after the last whole box by cp.async (zeros past kv_len);
-  //     then every producer thread mbar_arrive_cp_async(full). At the end cp_async_wait<0>();
+  //     then every producer thread mbar_arrive_cp_async(full). (Faster: read tile t + 1's
+  //     pages from the block table before its K waits for the stage, so the load's latency
+  //     hides under the wait, and keep them for its V.) At the end cp_async_wait<0>();
   //     then thread 0: __threadfence(); the CTA whose atomicAdd(&sched[1], 1) returns
   //     gridDim.x - 1 fences again and zeroes sched[0] and sched[1] for the next launch.
   //   consumers: setmaxnreg_inc<CONSUMER_REGS>(); per item n: wait q_full of buffer n % 2
@@ -133,8 +136,9 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 }  // namespace pagedlab
 
 // One producer warpgroup + CONSUMERS consumer warpgroups. Registers: the launch bound gives each
-// of the 384 threads 168; the producer drops to 40 and the consumers rise to 232
-// (128 x 40 + 256 x 232 = 384 x 168: the CTA's budget moved, not grown).
+// of the 384 threads 168; the producer drops to 56 and the consumers rise to 224
+// (128 x 56 + 256 x 224 = 384 x 168: the CTA's budget moved, not grown). NOTE: at 40 the
+// producer spilled a register once it kept the next tile's pages.
 #define PAGEDLAB_WGMMA(NAME, T, D)                                                                  \
   extern "C" __global__ void __launch_bounds__(384, 1)                                              \
   NAME(T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,  \
@@ -142,7 +146,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
        int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
        const __grid_constant__ pagedlab::TmaDesc value_map, int num_items, int* sched) {           \
-    pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
+    pagedlab::prefill_wgmma<T, D, 128, 2, 2, 56, 224>(out, query, key_cache, value_cache,          \
                                                       block_tables, cu_seqlens_q, context_lens,    \
                                                       alibi_slopes, work, scale, num_q_heads,      \
                                                       num_kv_heads, block_size,                    \

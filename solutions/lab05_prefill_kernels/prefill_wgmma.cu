@@ -46,7 +46,8 @@
 // / P6 260 -> 282, 406 -> 425, 44 -> 59; then the work counter and head-major items: P2 +1-2 %,
 // P4 +1 %, P5 (two 4096-token MHA prompts, whose heads' K/V outgrew L2) +3-5 %. The committed
 // benchmark: P1-P6 285 / 401 / 445 / 418 / 395 / 65, 0.94-0.98x FlashInfer's fa3 backend on
-// P1-P5.
+// P1-P5. Then the producer's block-table reads moved ahead of its stage waits: on an H200,
+// 0.96-1.01x (P1-P5 296 / 403 / 456 / 430 / 409).
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -186,7 +187,15 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       if (tid == 0) mbar_arrive(q_full + 8 * qb);  // (a release: the slot is seen with Q)
       mbar_arrive_cp_async(q_full + 8 * qb);
       // A tile is cut into boxes of box_rows = min(block_size, BN) keys, each inside one page.
-      auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile) {
+      // The page of box `tid` of `tile` (0 where there is none). It is read before put_k waits
+      // for the tile's stage, so the block table's latency hides under that wait, and V of the
+      // tile reuses it a step later. (Read after the wait: P1, P2 and P5 ran 1-5 % slower.)
+      auto block_of = [&](int tile) -> int {
+        const int pos = tile * BN + tid * box_rows;
+        return (tid < BN / box_rows && pos < kv_len) ? block_table[pos >> block_shift] : 0;
+      };
+      auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile,
+                          int block) {
         const int pos0 = tile * BN;
         // Boxes wholly inside the context go by TMA (lane j of warp 0 asks for box j).
         const int num_boxes = max(0, min(BN / box_rows, (kv_len - pos0) / box_rows));
@@ -194,7 +203,6 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         __syncwarp();
         if (tid < num_boxes) {
           const int pos = pos0 + tid * box_rows;
-          const int block = block_table[pos >> block_shift];
           const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
 #pragma unroll
           for (int c = 0; c < D / 64; ++c)
@@ -217,21 +225,24 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         mbar_arrive_cp_async(full);
       };
       // The k-th reuse of a stage waits for the k-th release of it (phase parity (k - 1) & 1).
-      auto put_k = [&](int tile) {
+      auto put_k = [&](int tile, int block) {
         const int g = g0 + tile, st = g % STAGES;
         if (g >= STAGES) mbar_wait(empty_k + 8 * st, ((g / STAGES) - 1) & 1);
-        put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile);
+        put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile, block);
       };
-      auto put_v = [&](int tile) {
+      auto put_v = [&](int tile, int block) {
         const int g = g0 + tile, st = g % STAGES;
         if (g >= STAGES) mbar_wait(empty_v + 8 * st, ((g / STAGES) - 1) & 1);
-        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile);
+        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile, block);
       };
       // In the order the consumers need them: iteration t reads K of t and V of t - 1.
-      if (num_kv_tiles > 0) put_k(0);
+      int block_cur = block_of(0);
+      if (num_kv_tiles > 0) put_k(0, block_cur);
       for (int tile = 0; tile < num_kv_tiles; ++tile) {
-        if (tile + 1 < num_kv_tiles) put_k(tile + 1);
-        put_v(tile);
+        const int block_next = block_of(tile + 1);  // loads while put_k waits for its stage
+        if (tile + 1 < num_kv_tiles) put_k(tile + 1, block_next);
+        put_v(tile, block_cur);  // V of a tile: the pages K of it used
+        block_cur = block_next;
       }
       g0 += num_kv_tiles;
     }
@@ -438,8 +449,9 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
 }  // namespace pagedlab
 
 // One producer warpgroup + CONSUMERS consumer warpgroups. Registers: the launch bound gives each
-// of the 384 threads 168; the producer drops to 40 and the consumers rise to 232
-// (128 x 40 + 256 x 232 = 384 x 168: the CTA's budget moved, not grown).
+// of the 384 threads 168; the producer drops to 56 and the consumers rise to 224
+// (128 x 56 + 256 x 224 = 384 x 168: the CTA's budget moved, not grown). NOTE: at 40 the
+// producer spilled a register once it kept the next tile's pages.
 #define PAGEDLAB_WGMMA(NAME, T, D)                                                                  \
   extern "C" __global__ void __launch_bounds__(384, 1)                                              \
   NAME(T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,  \
@@ -447,7 +459,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
        const int* work, float scale, int num_q_heads, int num_kv_heads, int block_size,            \
        int max_blocks_per_seq, int causal, const __grid_constant__ pagedlab::TmaDesc key_map,      \
        const __grid_constant__ pagedlab::TmaDesc value_map, int num_items, int* sched) {           \
-    pagedlab::prefill_wgmma<T, D, 128, 2, 2, 40, 232>(out, query, key_cache, value_cache,          \
+    pagedlab::prefill_wgmma<T, D, 128, 2, 2, 56, 224>(out, query, key_cache, value_cache,          \
                                                       block_tables, cu_seqlens_q, context_lens,    \
                                                       alibi_slopes, work, scale, num_q_heads,      \
                                                       num_kv_heads, block_size,                    \
