@@ -1,8 +1,11 @@
 """``pagedlab bench ncu`` reads ncu's CSV: metric values in the columns' units, and the name of
-the kernel it profiled (CPU only: the output is a recorded sample)."""
+the kernel it profiled (CPU only: a hand-written sample in the layout of ``ncu --csv``)."""
+
+import types
 
 import pytest
 
+from reference.tools.bench import ncu
 from reference.tools.bench.ncu import METRICS, parse_csv
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
@@ -42,3 +45,15 @@ def test_output_without_rows_names_no_kernel():
     values, name = parse_csv("==PROF== Connected to process 1\n==WARNING== No kernels were profiled.")
     assert all(v is None for v in values.values())
     assert name is None
+
+
+def test_profile_rows_carry_the_kernel_name(monkeypatch):
+    """A profiled stage's row (what goes to ncu.json) names the kernel ncu measured, beside the
+    regex that picked it: for the flashinfer stage, the name is what shows which backend ran."""
+    stdout = "\n".join([HEADER, _row(METRICS["tensor_pct"], "%", "64.31")])
+    done = types.SimpleNamespace(stdout=stdout, stderr="", returncode=0)
+    monkeypatch.setattr(ncu.subprocess, "run", lambda *a, **k: done)
+    row = ncu.profile("flashinfer", "ncu", "P3")
+    assert row["kernel_name"] == KERNEL
+    assert row["kernel"] == ncu.STAGES["flashinfer"][2]
+    assert row["tensor_pct"] == pytest.approx(64.31)
