@@ -11,7 +11,11 @@ value, as a ``const __grid_constant__`` parameter.
 block_size, head_size]`` seen as a 2-D tensor of ``num_blocks * num_kv_heads * block_size`` rows
 of ``head_size`` elements, boxes of ``box_rows`` rows x 64 columns (128 bytes), written in the
 128-byte swizzle layout the ``wgmma`` descriptors read. Row ``(block * num_kv_heads + kv_head) *
-block_size + slot`` is key ``slot`` of page ``block`` for ``kv_head``.
+block_size + slot`` is key ``slot`` of page ``block`` for ``kv_head``. With ``whole_rows=True`` a
+box is ``box_rows`` whole rows instead (all ``head_size`` columns, one request where the 2-D map
+needs one per 64 columns), written column block by column block: ``[head_size / 64][box_rows]
+[64]`` in shared memory (a 3-D map: columns, rows, column blocks; ``tma_load_3d``). At head size
+64 a row is one column block: that map is the 2-D one (``tma_load_2d``).
 
 A map holds an address, so a plan (``reference.launch_plan``) cannot re-point it like a
 pointer: it keeps the :class:`TensorMap` and re-encodes it for each run's cache address
@@ -54,8 +58,9 @@ def _encoder():
 
 
 @functools.lru_cache(maxsize=256)
-def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int) -> np.void:
-    """Encodes the 2-D map of ``rows`` x ``head_size`` 16-bit elements at ``address``.
+def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
+           whole_rows: bool = False) -> np.void:
+    """Encodes the map of ``rows`` x ``head_size`` 16-bit elements at ``address``.
 
     Args:
         address: the cache's device address (16-byte aligned).
@@ -63,6 +68,8 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int) -
         head_size: elements per row (a multiple of 64).
         dtype: ``"float16"`` or ``"bfloat16"``.
         box_rows: rows per box (1..256).
+        whole_rows: boxes of whole rows (see the module docstring); with one column block
+            (head size 64) that is the 2-D map itself.
 
     Returns:
         The map as a 128-byte NumPy structured scalar (:data:`TMAP_DTYPE`), ready to pass.
@@ -72,17 +79,27 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int) -
     """
     buf = ctypes.create_string_buffer(TMAP_BYTES + 64)
     base = (ctypes.addressof(buf) + 63) & ~63  # the driver wants the map 64-byte aligned
-    dims = (ctypes.c_uint64 * 2)(head_size, rows)
-    strides = (ctypes.c_uint64 * 1)(head_size * 2)  # bytes from a row to the next
-    box = (ctypes.c_uint32 * 2)(BOX_COLS, box_rows)
-    steps = (ctypes.c_uint32 * 2)(1, 1)
-    err = _encoder()(ctypes.c_void_p(base), _DTYPES[dtype], 2, ctypes.c_void_p(address), dims,
+    blocks = head_size // BOX_COLS if whole_rows else 1
+    if blocks > 1:
+        # NOTE: the column blocks are the outer dimension although their stride (128 bytes) is
+        # below the rows' (head_size * 2): the box is then stored block-major in shared memory,
+        # the layout wgmma reads. The innermost 64 columns stay contiguous, as TMA requires.
+        dims = (ctypes.c_uint64 * 3)(BOX_COLS, rows, blocks)
+        strides = (ctypes.c_uint64 * 2)(head_size * 2, BOX_COLS * 2)
+        box = (ctypes.c_uint32 * 3)(BOX_COLS, box_rows, blocks)
+    else:
+        dims = (ctypes.c_uint64 * 2)(head_size, rows)
+        strides = (ctypes.c_uint64 * 1)(head_size * 2)  # bytes from a row to the next
+        box = (ctypes.c_uint32 * 2)(BOX_COLS, box_rows)
+    rank = len(dims)
+    steps = (ctypes.c_uint32 * rank)(*([1] * rank))
+    err = _encoder()(ctypes.c_void_p(base), _DTYPES[dtype], rank, ctypes.c_void_p(address), dims,
                      strides, box, steps, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B,
                      _OOB_FILL_NONE)
     if err:
         raise TensorMapError(f"cuTensorMapEncodeTiled returned CUresult {err} for a {rows} x "
                              f"{head_size} {dtype} tensor at {address:#x}, box {box_rows} x "
-                             f"{BOX_COLS}")
+                             f"{BOX_COLS * blocks}")
     return np.frombuffer(ctypes.string_at(base, TMAP_BYTES), dtype=TMAP_DTYPE)[0]
 
 
@@ -98,13 +115,15 @@ class TensorMap:
         head_size: elements per row.
         dtype: ``"float16"`` or ``"bfloat16"``.
         box_rows: rows per box.
+        whole_rows: a box holds whole rows (all columns), not 64 columns of them.
     """
 
-    __slots__ = ("address", "rows", "head_size", "dtype", "box_rows")
+    __slots__ = ("address", "rows", "head_size", "dtype", "box_rows", "whole_rows")
 
-    def __init__(self, address: int, rows: int, head_size: int, dtype: str, box_rows: int):
+    def __init__(self, address: int, rows: int, head_size: int, dtype: str, box_rows: int,
+                 whole_rows: bool = False):
         self.address, self.rows, self.head_size = int(address), int(rows), int(head_size)
-        self.dtype, self.box_rows = dtype, int(box_rows)
+        self.dtype, self.box_rows, self.whole_rows = dtype, int(box_rows), bool(whole_rows)
 
     @property
     def value(self) -> np.void:
@@ -113,14 +132,16 @@ class TensorMap:
 
     def at(self, address: int) -> np.void:
         """The same map for a cache of the same shape at ``address`` (cached per address)."""
-        return encode(int(address), self.rows, self.head_size, self.dtype, self.box_rows)
+        return encode(int(address), self.rows, self.head_size, self.dtype, self.box_rows,
+                      self.whole_rows)
 
     def __repr__(self) -> str:
+        cols = self.head_size if self.whole_rows else BOX_COLS
         return (f"TensorMap({self.rows} x {self.head_size} {self.dtype} at {self.address:#x}, "
-                f"box {self.box_rows} x {BOX_COLS})")
+                f"box {self.box_rows} x {cols})")
 
 
-def tensor_map(cache, box_rows: int) -> TensorMap:
+def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
     """The TMA map of a paged cache for Lab 5's Hopper kernel.
 
     Args:
@@ -129,6 +150,9 @@ def tensor_map(cache, box_rows: int) -> TensorMap:
             of 64.
         box_rows: keys per box: ``min(block_size, WGMMA_BLOCK_N)`` — a box never crosses a
             page (1..256).
+        whole_rows: boxes of ``box_rows`` whole rows, stored ``[head_size / 64][box_rows][64]``
+            (one TMA request per box); default: boxes of 64 columns, one request per 64
+            columns, stored ``[box_rows][64]``.
 
     Returns:
         A :class:`TensorMap` to put in the kernel's argument list.
@@ -155,4 +179,5 @@ def tensor_map(cache, box_rows: int) -> TensorMap:
                          f"16-byte aligned address, got head size {head_size}")
     if not 1 <= int(box_rows) <= 256:
         raise ValueError(f"box_rows must be in 1..256, got {box_rows}")
-    return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows)
+    return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows,
+                     bool(whole_rows))

@@ -40,7 +40,8 @@ def test_a_good_recording_passes_the_check():
     """The check accepts what an honest launcher records (paths resolved), TMA maps of the
     caches (Lab 5's Hopper kernel) included."""
     rec = good_recording()
-    rec["launches"][0]["args"] += [["tmap", "key_cache", 16], ["tmap", "value_cache", 128]]
+    rec["launches"][0]["args"] += [["tmap", "key_cache", 16], ["tmap", "value_cache", 128],
+                                   ["tmap_rows", "value_cache", 16]]
     rec["inputs"].append(b"bytes")  # not a name: dropped
     rec["launches"][0]["extra"] = {1, 2}  # not a field: dropped (the job must be plain JSON)
     checked = speed_check.check_recording(rec, LAB4, dirs=((SOLUTIONS_DIR / LAB4).resolve(),))
@@ -108,6 +109,8 @@ REFUSED = {
     "an unhashable argument kind": (_set(["launches", 0, "args", 0], [{}, 1, 2]), "malformed"),
     "a tensor map of the query": (_set(["launches", 0, "args", 0], ["tmap", "query", 16]),
                                   "not a tensor map of a cache"),
+    "a whole-row tensor map of the query": (
+        _set(["launches", 0, "args", 0], ["tmap_rows", "query", 16]), "not a tensor map of a cache"),
     "a tensor map box of 0 rows": (_set(["launches", 0, "args", 0], ["tmap", "key_cache", 0]),
                                    "not a tensor map of a cache"),
     "a tensor map box past TMA's 256 rows": (
@@ -204,6 +207,8 @@ def test_a_tensor_map_is_recorded_as_the_input_it_maps():
     extents = [("query", base, 4096), ("key_cache", base + 8192, 2 * 64 * 128)]
     whole = TensorMap(base + 8192, 64, 128, "float16", 16)
     assert speed_record._arg(whole, extents, []) == ["tmap", "key_cache", 16]
+    rows = TensorMap(base + 8192, 64, 128, "float16", 16, whole_rows=True)
+    assert speed_record._arg(rows, extents, []) == ["tmap_rows", "key_cache", 16]
     for bad in (TensorMap(base + 8192 + 256, 63, 128, "float16", 16),  # from row 1 on
                 TensorMap(base + 8192, 32, 128, "float16", 16),  # half the cache
                 TensorMap(1 << 20, 64, 128, "float16", 16)):  # no input at all

@@ -21,10 +21,11 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture
 def fake_encoder(monkeypatch):
-    """encode() without a driver: the map's first word is the address, the second the box."""
-    def encode(address, rows, head_size, dtype, box_rows):
+    """encode() without a driver: the map's first word is the address, the second the box,
+    the fourth 1 for boxes of whole rows."""
+    def encode(address, rows, head_size, dtype, box_rows, whole_rows=False):
         words = np.zeros(1, dtype=tma.TMAP_DTYPE)
-        words["words"][0, :3] = (address, box_rows, rows)
+        words["words"][0, :4] = (address, box_rows, rows, int(whole_rows))
         return words[0]
 
     monkeypatch.setattr(tma, "encode", encode)
@@ -46,6 +47,16 @@ def test_kernel_args_pass_the_encoded_map(fake_encoder):
     assert args[0] == np.uint64(7) and args[2] == np.int32(3)
     assert isinstance(args[1], np.void) and args[1].dtype.itemsize == tma.TMAP_BYTES
     assert args[1]["words"][0] == 0x1000 and args[1]["words"][1] == 16
+
+
+def test_a_whole_row_map_keeps_its_box_shape_when_re_encoded(fake_encoder):
+    """``whole_rows=True`` (one box of whole rows per request, V's map in the solution) reaches
+    the encoder, also when a plan re-encodes the map for another address (``at``)."""
+    m = tma.TensorMap(0x1000, 64, 128, "float16", 16, whole_rows=True)
+    assert m.value["words"][3] == 1 and m.at(0x2000)["words"][3] == 1
+    assert m.at(0x2000)["words"][0] == 0x2000
+    assert tma.TensorMap(0x1000, 64, 128, "float16", 16).value["words"][3] == 0
+    assert "box 16 x 128" in repr(m)
 
 
 class EmulatedKernel:  # the name launch_plan takes for the emulator's kernels: no CuPy needed

@@ -29,7 +29,8 @@ MAX_SHARED_MEM = 227 * 1024
 
 _OPTION_RE = re.compile(r"-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.:+-]*)?")
 _OPTIONS_ALLOWED = frozenset({"-lineinfo", "--use_fast_math", "-use_fast_math"})
-_ARG_KINDS = {"in": 3, "scratch": 3, "null": 1, "i32": 2, "i64": 2, "f32": 2, "tmap": 3}
+_ARG_KINDS = {"in": 3, "scratch": 3, "null": 1, "i32": 2, "i64": 2, "f32": 2, "tmap": 3,
+              "tmap_rows": 3}
 #: Inputs a TMA map may describe (the paged caches), and its largest box (TMA's limit).
 TMAP_INPUTS = ("key_cache", "value_cache")
 MAX_BOX_ROWS = 256
@@ -208,7 +209,7 @@ def _check_launch(launch, inputs: list, num_scratch: int, dirs: tuple[Path, ...]
         if kind == "scratch" and not (_is_int(arg[1]) and 0 <= arg[1] < num_scratch
                                       and _is_int(arg[2]) and arg[2] >= 0):
             raise SpeedRecordingError(f"argument {arg!r} names no scratch buffer")
-        if kind == "tmap" and not (arg[1] in inputs and arg[1] in TMAP_INPUTS
+        if kind in ("tmap", "tmap_rows") and not (arg[1] in inputs and arg[1] in TMAP_INPUTS
                                    and _is_int(arg[2]) and 1 <= arg[2] <= MAX_BOX_ROWS):
             raise SpeedRecordingError(f"argument {arg!r} is not a tensor map of a cache with "
                                       f"1..{MAX_BOX_ROWS} rows a box")

@@ -128,7 +128,8 @@ def describe_launches(recorded: list, kept: list, inputs: dict) -> dict:
         "launches": [{"path", "name", "options", "backend", "name_expressions", "grid",
         "block", "shared_mem", "args"}]}``; an argument is ``["in", name, offset]``,
         ``["scratch", index, offset]``, ``["null"]``, ``["i32", v]``, ``["i64", v]``,
-        ``["f32", v]`` or ``["tmap", name, box_rows]`` (a TMA map of a whole input cache).
+        ``["f32", v]``, ``["tmap", name, box_rows]`` (a TMA map of a whole input cache) or
+        ``["tmap_rows", name, box_rows]`` (the same with boxes of whole rows).
 
     Raises:
         ValueError: a kernel not compiled by ``reference.cuda.load_module``, a pointer into
@@ -213,10 +214,12 @@ def _arg(arg, extents: list, storages: list) -> list:
 
 def _tensor_map_arg(arg, extents: list) -> list:
     """A TMA map argument (``reference.tma.tensor_map`` of a whole input cache) as
-    ``["tmap", input name, box_rows]``: the timing side makes the map of its own input again."""
+    ``["tmap", input name, box_rows]`` (``"tmap_rows"`` for ``whole_rows=True``): the timing
+    side makes the map of its own input again."""
+    kind = "tmap_rows" if arg.whole_rows else "tmap"
     for name, base, nbytes in extents:
         if arg.address == base and arg.rows * arg.head_size * 2 == nbytes:  # 16-bit elements
-            return ["tmap", name, int(arg.box_rows)]
+            return [kind, name, int(arg.box_rows)]
     raise ValueError("a tensor map argument must be tensor_map(...) of a whole input cache")
 
 

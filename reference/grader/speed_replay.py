@@ -272,8 +272,8 @@ def _argument_tuples(rec: dict, inputs: dict, scratch: list) -> list[tuple]:
                 args.append(np.int32(arg[1]))
             elif kind == "i64":
                 args.append(np.int64(arg[1]))
-            elif kind == "tmap":  # made again here, of this launch's own cache
-                args.append(tensor_map(inputs[arg[1]], arg[2]))
+            elif kind in ("tmap", "tmap_rows"):  # made again here, of this launch's own cache
+                args.append(tensor_map(inputs[arg[1]], arg[2], whole_rows=kind == "tmap_rows"))
             else:
                 args.append(np.float32(arg[1]))
         out.append(tuple(args))

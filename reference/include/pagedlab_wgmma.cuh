@@ -130,6 +130,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, i
       ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(mbar)
       : "memory");
 }
+// The same for a 3-D map (reference/tma.py, whole_rows=True): the box at column x, row y,
+// column block z; one request brings box_rows whole rows, stored column block by column block.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc& desc, int x, int y, int z,
+                                            unsigned mbar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(z), "r"(mbar)
+      : "memory");
+}
 
 // wgmma_ss: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both K-major
 // (A's rows and B's columns each contiguous along K). scale_d = 0 ignores D's old value.
