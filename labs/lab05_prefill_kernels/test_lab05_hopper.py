@@ -39,6 +39,8 @@ HOPPER_SKIP = hopper_skip_reason()
 #: Part C's 16-bit batches, and what only the Hopper kernel's 128-row tile, 128-key KV tiles and
 #: TMA boxes can get wrong: GQA groups that do not divide 128 (5, 7; 40 query heads over 8 KV
 #: heads is a real model), block sizes 8 (16 boxes a tile), 32, 64 and 128 (one box a tile),
+#: each of 8, 16, 32, 64 and 128 at head size 128 (V's page boxes: one box per page, with the
+#: 8-row boxes' k16 steps spanning two of them),
 #: contexts that end on and off a page and a tile boundary, non-causal with bf16, and a batch
 #: of far more work items than a GPU has SMs (the persistent CTAs' loop).
 HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
@@ -46,6 +48,8 @@ HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [
     ("bf16-d128-bs128-gqa4-history", "bfloat16", [130, 1, 255], [128, 383, 1], 8, 2, 128, 128, False, True),
     ("bf16-d64-bs64-gqa7-alibi", "bfloat16", [97, 40], [64, 200], 14, 2, 64, 64, True, True),
     ("f16-d64-bs8-gqa6-noncausal", "float16", [33, 120], [10, 0], 12, 2, 64, 8, False, False),
+    ("f16-d128-bs8-gqa4-history", "float16", [90, 17, 200], [40, 300, 0], 8, 2, 128, 8, False, True),
+    ("bf16-d128-bs64-gqa2-history", "bfloat16", [150, 64, 3], [70, 0, 500], 4, 2, 128, 64, False, True),
     ("bf16-d128-bs16-gqa4-noncausal-alibi", "bfloat16", [150, 7], [0, 90], 8, 2, 128, 16, True, False),
     # 426 work items: every persistent CTA takes several, both Q buffers turn over, and the
     # K/V rings run on from one item into the next.
@@ -69,8 +73,8 @@ PLAN_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_
 @pytest.mark.points(4)
 @pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c[0])
 def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
-    """Part C's varlen batches in fp16 and bf16 and seven more (head sizes 64 and 128, block
-    sizes 8 to 128, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
+    """Part C's varlen batches in fp16 and bf16 and nine more (head sizes 64 and 128, block
+    sizes 8 to 128 at head size 128 and 8 to 64 at 64, GQA groups 1 to 8 including 5 and 7, ALiBi, causal or not, with history):
     every output matches the float64 oracle — the wgmma descriptors, the TMA boxes and the
     swizzled tiles, the pipelined softmax, contexts whose last page is partial (its keys come
     by cp.async), row tiles that split a token's heads, and persistent CTAs that take many
