@@ -179,5 +179,4 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
                          f"16-byte aligned address, got head size {head_size}")
     if not 1 <= int(box_rows) <= 256:
         raise ValueError(f"box_rows must be in 1..256, got {box_rows}")
-    return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows,
-                     bool(whole_rows))
+    return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows, whole_rows)

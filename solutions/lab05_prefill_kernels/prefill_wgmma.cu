@@ -220,10 +220,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
           const int pos = pos0 + tid * box_rows;
           const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
           if (v_layout) {  // V: the box's whole rows in one request
-            if constexpr (D == 64)  // one column block: the map is 2-D (reference/tma.py)
-              tma_load_2d(dst + tid * box_rows * D * 2, map, 0, cache_row, full);
-            else
-              tma_load_3d(dst + tid * box_rows * D * 2, map, 0, cache_row, 0, full);
+            tma_load_3d(dst + tid * box_rows * D * 2, map, 0, cache_row, 0, full);
           } else {  // K: one request per 64 columns
 #pragma unroll
             for (int c = 0; c < D / 64; ++c)
@@ -256,7 +253,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       auto put_v = [&](int tile, int block) {
         const int g = g0 + tile, st = g % STAGES;
         if (g >= STAGES) mbar_wait(empty_v + 8 * st, ((g / STAGES) - 1) & 1);
-        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile, block, true);
+        // NOTE: at D = 64 a page box is K's layout already (one column block; V's map is 2-D).
+        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile, block, D > 64);
       };
       // In the order the consumers need them: iteration t reads K of t and V of t - 1.
       int block_cur = block_of(0);
