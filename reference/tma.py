@@ -13,9 +13,12 @@ of ``head_size`` elements, boxes of ``box_rows`` rows x 64 columns (128 bytes), 
 128-byte swizzle layout the ``wgmma`` descriptors read. Row ``(block * num_kv_heads + kv_head) *
 block_size + slot`` is key ``slot`` of page ``block`` for ``kv_head``. With ``whole_rows=True`` a
 box is ``box_rows`` whole rows instead (all ``head_size`` columns, one request where the 2-D map
-needs one per 64 columns), written column block by column block: ``[head_size / 64][box_rows]
-[64]`` in shared memory (a 3-D map: columns, rows, column blocks; ``tma_load_3d``). At head size
-64 a row is one column block: that map is the 2-D one (``tma_load_2d``).
+needs one per 64 columns), written in groups of 8 rows, each group column block by column block:
+``[box_rows / 8][head_size / 64][8][64]`` in shared memory (a 4-D map: 64 columns, 8 rows, the
+column blocks, the 8-row groups; ``tma_load_4d``). Every 8-row group then sits ``16 * head_size``
+bytes after the one before, across box boundaries too, so a tile of such boxes is one evenly
+strided operand for ``wgmma`` whatever the page size. At head size 64 a row is one column block:
+that map is the 2-D one (``tma_load_2d``), and its layout the same.
 
 A map holds an address, so a plan (``reference.launch_plan``) cannot re-point it like a
 pointer: it keeps the :class:`TensorMap` and re-encodes it for each run's cache address
@@ -35,6 +38,8 @@ TMAP_DTYPE = np.dtype([("words", "<u8", (16,))], align=True)
 TMAP_BYTES = 128
 #: Columns per box: 64 16-bit elements, the 128 bytes of the swizzle's row.
 BOX_COLS = 64
+#: Rows per group of a whole-row box: the 8 rows of the swizzle pattern (1024 bytes a column block).
+GROUP_ROWS = 8
 
 # cuTensorMapEncodeTiled's enums (CUDA driver API, cuda.h).
 _DTYPES = {"float16": 6, "bfloat16": 9}
@@ -67,9 +72,10 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
         rows: ``num_blocks * num_kv_heads * block_size``.
         head_size: elements per row (a multiple of 64).
         dtype: ``"float16"`` or ``"bfloat16"``.
-        box_rows: rows per box (1..256).
-        whole_rows: boxes of whole rows (see the module docstring); with one column block
-            (head size 64) that is the 2-D map itself.
+        box_rows: rows per box (1..256; with ``whole_rows`` at head size over 64, a multiple
+            of 8 that divides ``rows``).
+        whole_rows: boxes of whole rows in 8-row groups (see the module docstring); with one
+            column block (head size 64) that is the 2-D map itself.
 
     Returns:
         The map as a 128-byte NumPy structured scalar (:data:`TMAP_DTYPE`), ready to pass.
@@ -81,12 +87,13 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
     base = (ctypes.addressof(buf) + 63) & ~63  # the driver wants the map 64-byte aligned
     blocks = head_size // BOX_COLS if whole_rows else 1
     if blocks > 1:
-        # NOTE: the column blocks are the outer dimension although their stride (128 bytes) is
-        # below the rows' (head_size * 2): the box is then stored block-major in shared memory,
-        # the layout wgmma reads. The innermost 64 columns stay contiguous, as TMA requires.
-        dims = (ctypes.c_uint64 * 3)(BOX_COLS, rows, blocks)
-        strides = (ctypes.c_uint64 * 2)(head_size * 2, BOX_COLS * 2)
-        box = (ctypes.c_uint32 * 3)(BOX_COLS, box_rows, blocks)
+        # NOTE: the dimensions are not in stride order (column blocks 128 bytes apart, rows
+        # head_size * 2, 8-row groups 16 * head_size): TMA stores a box dimension by dimension,
+        # innermost first, so this order lands each 8-row group's column blocks one after the
+        # other, the layout wgmma reads. The innermost 64 columns stay contiguous, as TMA requires.
+        dims = (ctypes.c_uint64 * 4)(BOX_COLS, GROUP_ROWS, blocks, rows // GROUP_ROWS)
+        strides = (ctypes.c_uint64 * 3)(head_size * 2, BOX_COLS * 2, GROUP_ROWS * head_size * 2)
+        box = (ctypes.c_uint32 * 4)(BOX_COLS, GROUP_ROWS, blocks, box_rows // GROUP_ROWS)
     else:
         dims = (ctypes.c_uint64 * 2)(head_size, rows)
         strides = (ctypes.c_uint64 * 1)(head_size * 2)  # bytes from a row to the next
@@ -150,17 +157,18 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
             of 64.
         box_rows: keys per box: ``min(block_size, WGMMA_BLOCK_N)`` — a box never crosses a
             page (1..256).
-        whole_rows: boxes of ``box_rows`` whole rows, stored ``[head_size / 64][box_rows][64]``
-            (one TMA request per box); default: boxes of 64 columns, one request per 64
-            columns, stored ``[box_rows][64]``.
+        whole_rows: boxes of ``box_rows`` whole rows, stored in 8-row groups
+            ``[box_rows / 8][head_size / 64][8][64]`` (one TMA request per box; ``box_rows`` a
+            multiple of 8); default: boxes of 64 columns, one request per 64 columns, stored
+            ``[box_rows][64]``.
 
     Returns:
         A :class:`TensorMap` to put in the kernel's argument list.
 
     Raises:
         TypeError: ``cache`` is not a 16-bit CUDA tensor.
-        ValueError: not 4-D, not contiguous, misaligned, or a head size or box the map cannot
-            describe.
+        ValueError: not 4-D, not contiguous, misaligned, or a head size, block size or box the
+            map cannot describe.
     """
     from reference.checks import dtype_name
     from reference.cuda import as_torch
@@ -179,4 +187,9 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
                          f"16-byte aligned address, got head size {head_size}")
     if not 1 <= int(box_rows) <= 256:
         raise ValueError(f"box_rows must be in 1..256, got {box_rows}")
+    if whole_rows and head_size > BOX_COLS and (int(box_rows) % GROUP_ROWS or t.shape[2] % GROUP_ROWS):
+        # NOTE: the map counts rows in 8-row groups, so a box, and a page, must hold whole groups.
+        raise ValueError(f"a whole-row map needs box_rows and the cache's block_size to be "
+                         f"multiples of {GROUP_ROWS} (boxes land in 8-row groups), got box_rows "
+                         f"{box_rows}, block_size {t.shape[2]}")
     return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows, whole_rows)

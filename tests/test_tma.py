@@ -50,13 +50,46 @@ def test_kernel_args_pass_the_encoded_map(fake_encoder):
 
 
 def test_a_whole_row_map_keeps_its_box_shape_when_re_encoded(fake_encoder):
-    """``whole_rows=True`` (one box of whole rows per request, V's map in the solution) reaches
+    """``whole_rows=True`` (one box of whole rows per request, the solution's maps) reaches
     the encoder, also when a plan re-encodes the map for another address (``at``)."""
     m = tma.TensorMap(0x1000, 64, 128, "float16", 16, whole_rows=True)
     assert m.value["words"][3] == 1 and m.at(0x2000)["words"][3] == 1
     assert m.at(0x2000)["words"][0] == 0x2000
     assert tma.TensorMap(0x1000, 64, 128, "float16", 16).value["words"][3] == 0
     assert "box 16 x 128" in repr(m)
+
+
+def _captured_geometry(monkeypatch, head_size, box_rows, whole_rows):
+    """What encode() hands the driver (ctypes arrays, read by slicing): rank, dims, strides
+    in bytes, box."""
+    seen = {}
+
+    def fake(map_ptr, dtype, rank, address, dims, strides, box, steps, *modes):
+        seen.update(rank=rank, dims=list(dims[:rank]), strides=list(strides[:rank - 1]),
+                    box=list(box[:rank]))
+        return 0
+
+    monkeypatch.setattr(tma, "_encoder", lambda: fake)
+    tma.encode.cache_clear()
+    try:
+        tma.encode(0x10000, 256, head_size, "float16", box_rows, whole_rows)
+    finally:
+        tma.encode.cache_clear()
+    return seen
+
+
+def test_a_whole_row_map_lands_in_8_row_groups(monkeypatch):
+    """At head size 128 the whole-row map is 4-D — 64 columns, 8 rows, 2 column blocks, 8-row
+    groups — with byte strides 256 (a row), 128 (a column block) and 2048 (8 rows): a box of
+    16 rows lands as [2 groups][2 blocks][8 rows][64], every group 16 * head_size bytes after
+    the one before. At head size 64, and without whole_rows, the map is 2-D (64-column boxes)."""
+    g = _captured_geometry(monkeypatch, 128, 16, True)
+    assert g == {"rank": 4, "dims": [64, 8, 2, 32], "strides": [256, 128, 2048],
+                 "box": [64, 8, 2, 2]}, g
+    assert _captured_geometry(monkeypatch, 64, 16, True) == {
+        "rank": 2, "dims": [64, 256], "strides": [128], "box": [64, 16]}
+    assert _captured_geometry(monkeypatch, 128, 16, False) == {
+        "rank": 2, "dims": [128, 256], "strides": [256], "box": [64, 16]}
 
 
 class EmulatedKernel:  # the name launch_plan takes for the emulator's kernels: no CuPy needed

@@ -49,7 +49,7 @@
 // P1-P5. Then the producer's block-table reads moved ahead of its stage waits: on an H200,
 // 0.96-1.01x (P1-P5 296 / 403 / 456 / 430 / 409).
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d/3d, setmaxnreg_*
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d/4d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
@@ -75,7 +75,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal,
                               const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
-                              const TmaDesc& value_map,   // value_cache, the same (or whole-row boxes: see below)
+                              const TmaDesc& value_map,   // value_cache, the same (or both whole-row boxes: see below)
                               int num_items,              // work items x KV heads
                               int* __restrict__ sched) {  // [2] item counter, CTAs done: zero at launch
   // TODO(lab5.6): the Hopper kernel. Work items are (row tile, KV head) pairs, idx in
@@ -111,14 +111,16 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   //     place in the tile); the rows after the last whole box by cp.async (zeros past kv_len);
   //     then every producer thread mbar_arrive_cp_async(full). (Faster: read tile t + 1's
   //     pages from the block table before its K waits for the stage, so the load's latency
-  //     hides under the wait, and keep them for its V. Faster still: lay V's tiles out page
-  //     box by page box, [box][D / 64][box_rows][64] (the cp.async rows after the last box
-  //     too), and load each box with one request from the map tensor_map(value_cache,
-  //     box_rows, whole_rows=True): tma_load_3d(dst, map, 0, cache row, 0, full) at D = 128;
-  //     at D = 64 that map is 2-D and the load tma_load_2d(dst, map, 0, cache row, full).
-  //     A page of V is then one request instead of D / 64; V's descriptors then take leading
-  //     offset box_rows * 128 and stride 1024 (8-row boxes: 16 * D), each k16 step starting at
-  //     its keys' box and row.) At the end cp_async_wait<0>();
+  //     hides under the wait, and keep them for its V. Faster still: lay K's and V's tiles
+  //     out in 8-row groups of whole rows, [BN / 8][D / 64][8][64] (row r's chunk ch at
+  //     (r / 8) * 16 * D + (ch / 8) * 1024 + (r % 8) * 128 + ((ch % 8) ^ (r % 8)) * 16, the
+  //     cp.async rows after the last box too), and load each box with one request from the
+  //     maps tensor_map(cache, box_rows, whole_rows=True): tma_load_4d(dst, map, 0, 0, 0,
+  //     cache row / 8, full) at D = 128; at D = 64 those maps are 2-D, the layout is
+  //     sw_off<BN>'s and the load tma_load_2d(dst, map, 0, cache row, full). A page is then one
+  //     request instead of D / 64; K's and V's descriptors then take stride 16 * D (the 8-row
+  //     groups), V's leading offset 1024, K's column block kd / 4 at + 1024, V's k16 step kk at
+  //     + kk * 32 * D; Q keeps sw_off<BM> and stride 1024.) At the end cp_async_wait<0>();
   //     then thread 0: __threadfence(); the CTA whose atomicAdd(&sched[1], 1) returns
   //     gridDim.x - 1 fences again and zeroes sched[0] and sched[1] for the next launch.
   //   consumers: setmaxnreg_inc<CONSUMER_REGS>(); per item n: wait q_full of buffer n % 2

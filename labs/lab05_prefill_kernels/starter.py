@@ -326,8 +326,8 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     # persistent CTA per SM at most —, block (WGMMA_THREADS,), shared memory
     # wgmma_shared_bytes(head_size), arguments as the tensor-core kernel followed by the TMA maps
     # of the two caches, tensor_map(key_cache, box_rows) and tensor_map(value_cache, box_rows)
-    # (tensor_map(value_cache, box_rows, whole_rows=True) if your kernel lays V out in page
-    # boxes) with box_rows = min(block_size, WGMMA_BLOCK_N), np.int32(num_items) and
+    # (each with whole_rows=True if your kernel lays K and V out in 8-row groups of whole rows)
+    # with box_rows = min(block_size, WGMMA_BLOCK_N), np.int32(num_items) and
     # ptr(wgmma_counter(device)) (a zeroed work counter for the kernel's dynamic scheduler).
     raise NotImplementedError("TODO(lab5.6): paged_prefill_wgmma — launch the Hopper kernel")
 

@@ -39,8 +39,8 @@ HOPPER_SKIP = hopper_skip_reason()
 #: Part C's 16-bit batches, and what only the Hopper kernel's 128-row tile, 128-key KV tiles and
 #: TMA boxes can get wrong: GQA groups that do not divide 128 (5, 7; 40 query heads over 8 KV
 #: heads is a real model), block sizes 8 (16 boxes a tile), 32, 64 and 128 (one box a tile),
-#: each of 8, 16, 32, 64 and 128 at head size 128 (V's page boxes: one box per page, with the
-#: 8-row boxes' k16 steps spanning two of them),
+#: each of 8, 16, 32, 64 and 128 at head size 128 (K's and V's whole-row boxes of one to 16
+#: 8-row groups, where Q's and K's descriptors need different strides),
 #: contexts that end on and off a page and a tile boundary, non-causal with bf16, and a batch
 #: of far more work items than a GPU has SMs (the persistent CTAs' loop).
 HOPPER_CASES = [c for c in CASES if c[1] != "float32"] + [

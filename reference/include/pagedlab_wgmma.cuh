@@ -130,13 +130,14 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, i
       ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(mbar)
       : "memory");
 }
-// The same for a 3-D map (reference/tma.py, whole_rows=True): the box at column x, row y,
-// column block z; one request brings box_rows whole rows, stored column block by column block.
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc& desc, int x, int y, int z,
-                                            unsigned mbar) {
+// The same for a 4-D map (reference/tma.py, whole_rows=True): the box at column x, row y of
+// an 8-row group, column block z, 8-row group w (so rows 8 w + y ..); one request brings
+// box_rows whole rows, stored 8-row group by group, each group column block by column block.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc& desc, int x, int y, int z,
+                                            int w, unsigned mbar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(z), "r"(mbar)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&desc)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(mbar)
       : "memory");
 }
 

@@ -35,12 +35,13 @@
 //   P V, one tile later, Q after the item's last S). The K/V rings run on across items: g, a
 //   CTA's running tile count, names the stage (g % STAGES) and the phase (g / STAGES).
 //
-// Shared memory holds every tile in the 128-byte swizzle layout wgmma reads (sw_off below),
-// which is also the layout TMA writes with the tensor maps the launcher passes
-// (reference/tma.py: box of 64 columns x min(block_size, BN) rows, 128-byte swizzle). V's tiles
-// go page box by page box (vbox_off): its map's boxes are whole rows, so a page of V is one TMA
-// request where K's 64-column boxes need one per 64 columns (at head size 128, 24 requests per
-// K and V tile of 16-token pages instead of 32).
+// Shared memory holds every tile in the 128-byte swizzle layout wgmma reads: Q's (sw_off below)
+// in 64-column blocks of BM rows; K's and V's (kv_off) in 8-row groups of whole rows, each group
+// its D / 64 column blocks one after the other. That is what TMA writes with the maps the
+// launcher passes (reference/tma.py, whole_rows=True: a box of min(block_size, BN) whole rows,
+// 128-byte swizzle), so a page of K or of V is one TMA request (at head size 128, 16 requests
+// per K and V tile of 16-token pages; 64-column boxes need 32), and the groups sit 16 * D bytes
+// apart across pages, the one stride wgmma's descriptors can describe.
 // Measured on an H100, 2026-11-25 (P3 / P4, TFLOP/s, a scratch harness that reads ~3 % above
 // `pagedlab bench prefill`): every thread copying by cp.async, three
 // warpgroups of 64 rows, 64-key tiles 418 / 340; a cp.async producer warpgroup 250-320 (its
@@ -52,7 +53,10 @@
 // P1-P5. Then the producer's block-table reads moved ahead of its stage waits: on an H200,
 // 0.96-1.01x (P1-P5 296 / 403 / 456 / 430 / 409). Then V by whole-row page boxes: on an H200,
 // 2026-11-29, against the kernel before in the same run (alternating, two runs each), P1-P5
-// +3-5 % (303-308 / 418-426 / 478-481 / 444-445 / 423-428 TFLOP/s), outputs bitwise equal.
+// +3-5 % (303-308 / 418-426 / 478-481 / 444-445 / 423-428 TFLOP/s), outputs bitwise equal;
+// FlashInfer in one bench run: 1.03 / 1.01 / 1.03 / 1.01 / 0.99x. Then K too, both in 8-row
+// groups (kv_off): the same day, the same way, +3-6 % (309-317 / 438-440 / 504 / 466-468 /
+// 443-444), outputs bitwise equal.
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
 #include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d/3d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
@@ -67,14 +71,13 @@ __device__ __forceinline__ unsigned sw_off(int r, int ch) {
   return (ch / 8) * (R * 128) + r * 128 + (((ch % 8) ^ (r % 8)) * 16);
 }
 
-// V's tiles are laid out page box by page box instead: box b (rows b * box_rows ..) holds its
-// rows' D columns as D / 64 column blocks of box_rows rows, [box][D / 64][box_rows][64], each
-// row swizzled as in sw_off. That is what one TMA request of a whole-row box writes (the map
-// made with whole_rows=True), so a page of V costs one request where K pays one per 64 columns.
+// K's and V's tiles go in 8-row groups instead: group r / 8 holds its rows' D columns as D / 64
+// column blocks of 8 rows, [BN / 8][D / 64][8][64], each row swizzled as in sw_off. A box of
+// whole rows (any multiple of 8) is then a run of whole groups: what one TMA request of the
+// whole_rows map writes. At D = 64 this is sw_off<BN>.
 template <int D>
-__device__ __forceinline__ unsigned vbox_off(int r, int ch, int box_rows) {
-  const int rr = r & (box_rows - 1);  // box_rows: a power of two, at least 8
-  return (r - rr) * (D * 2) + (ch / 8) * (box_rows * 128) + rr * 128 + (((ch % 8) ^ (r % 8)) * 16);
+__device__ __forceinline__ unsigned kv_off(int r, int ch) {
+  return (r / 8) * (16 * D) + (ch / 8) * 1024 + (r % 8) * 128 + (((ch % 8) ^ (r % 8)) * 16);
 }
 
 template <typename T, int D, int BN, int STAGES, int CONSUMERS, int PRODUCER_REGS, int CONSUMER_REGS>
@@ -89,8 +92,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               const int* __restrict__ work,          // [num_work, 2] (seq_idx, row_start)
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal,
-                              const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
-                              const TmaDesc& value_map,   // value_cache, boxes of whole rows (whole_rows=True)
+                              const TmaDesc& key_map,     // key_cache, boxes of whole rows (whole_rows=True)
+                              const TmaDesc& value_map,   // value_cache, the same
                               int num_items,              // work items x KV heads
                               int* __restrict__ sched) {  // [2] item counter, CTAs done: zero at launch
   constexpr int BM = 64 * CONSUMERS;
@@ -210,7 +213,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         return (tid < BN / box_rows && pos < kv_len) ? block_table[pos >> block_shift] : 0;
       };
       auto put_tile = [&](const T* cache, const TmaDesc& map, unsigned dst, unsigned full, int tile,
-                          int block, bool v_layout) {
+                          int block) {
         const int pos0 = tile * BN;
         // Boxes wholly inside the context go by TMA (lane j of warp 0 asks for box j).
         const int num_boxes = max(0, min(BN / box_rows, (kv_len - pos0) / box_rows));
@@ -219,13 +222,11 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
         if (tid < num_boxes) {
           const int pos = pos0 + tid * box_rows;
           const int cache_row = (block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1));
-          if (v_layout) {  // V: the box's whole rows in one request
-            tma_load_3d(dst + tid * box_rows * D * 2, map, 0, cache_row, 0, full);
-          } else {  // K: one request per 64 columns
-#pragma unroll
-            for (int c = 0; c < D / 64; ++c)
-              tma_load_2d(dst + c * BN * 128 + tid * box_rows * 128, map, c * 64, cache_row, full);
-          }
+          // The box's whole rows in one request (at D = 64 the map is 2-D: a row is one block).
+          if (D > 64)
+            tma_load_4d(dst + tid * box_rows * D * 2, map, 0, 0, 0, cache_row / 8, full);
+          else
+            tma_load_2d(dst + tid * box_rows * 128, map, 0, cache_row, full);
         }
         // The rest (the context's last, partial page, and past it) by cp.async, zero-filled.
         const int first_row = num_boxes * box_rows;
@@ -239,8 +240,7 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
             off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
             bytes = 16;
           }
-          cp_async_16(dst + (v_layout ? vbox_off<D>(r, ch, box_rows) : sw_off<BN>(r, ch)),
-                      cache + off, bytes);
+          cp_async_16(dst + kv_off<D>(r, ch), cache + off, bytes);
         }
         mbar_arrive_cp_async(full);
       };
@@ -248,13 +248,12 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       auto put_k = [&](int tile, int block) {
         const int g = g0 + tile, st = g % STAGES;
         if (g >= STAGES) mbar_wait(empty_k + 8 * st, ((g / STAGES) - 1) & 1);
-        put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile, block, false);
+        put_tile(key_cache, key_map, k_s0 + st * TILE_BYTES, full_k + 8 * st, tile, block);
       };
       auto put_v = [&](int tile, int block) {
         const int g = g0 + tile, st = g % STAGES;
         if (g >= STAGES) mbar_wait(empty_v + 8 * st, ((g / STAGES) - 1) & 1);
-        // NOTE: at D = 64 a page box is K's layout already (one column block; V's map is 2-D).
-        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile, block, D > 64);
+        put_tile(value_cache, value_map, v_s0 + st * TILE_BYTES, full_v + 8 * st, tile, block);
       };
       // In the order the consumers need them: iteration t reads K of t and V of t - 1.
       int block_cur = block_of(0);
@@ -309,27 +308,23 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
     unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V product
 
     const unsigned q_wg = q_s + cwg * 64 * 128;  // this consumer's 64 rows
-    auto k_addr = [&](unsigned base, int kd) { return base + (kd / 4) * (unsigned)(BN * 128) + (kd % 4) * 32; };
+    auto k_addr = [&](unsigned base, int kd) { return base + (kd / 4) * 1024u + (kd % 4) * 32; };
     auto q_addr = [&](int kd) { return q_wg + (kd / 4) * (unsigned)(BM * 128) + (kd % 4) * 32; };
     // Descriptors (PTX ISA, "matrix descriptor"; 128-byte swizzle). Q and K are K-major: a k16
-    // step is 32 bytes inside a 128-byte row, 4 steps per 64-column block; 8-row groups are 1024
-    // bytes apart (stride); the leading offset is unused. V is MN-major (N = head dim): 8-key
-    // groups along K (stride) and 64-dim column blocks along N (leading), in V's page-box
-    // layout (vbox_off): within a box of 16 or more rows the groups are 1024 bytes apart and the
-    // column blocks box_rows * 128; with 8-row boxes the second group of a k16 step is the next
-    // box, 8 * D * 2 bytes on. NOTE: swapping V's two offsets reads the wrong rows.
+    // step is 32 bytes inside a 128-byte row, 4 steps per 64-column block; the stride is the
+    // distance between 8-row groups (Q: 1024 bytes, its column blocks hold BM rows; K: 16 * D,
+    // kv_off's groups); the leading offset is unused. V is MN-major (N = head dim): 8-key groups
+    // along K (stride, 16 * D) and 64-dim column blocks along N (leading, 1024 within a group).
+    // NOTE: giving Q K's stride (or V's two offsets swapped) reads the wrong rows.
     constexpr unsigned SWZ = 1;  // 128-byte swizzle
-    constexpr unsigned K_LEAD = 16, K_STRIDE = 1024;
-    const int box_rows = min(block_size, BN);
-    const unsigned v_lead = box_rows * 128, v_stride = box_rows >= 16 ? 1024u : 16u * D;
+    constexpr unsigned QK_LEAD = 16, Q_STRIDE = 1024, KV_STRIDE = 16 * D, V_LEAD = 1024;
     auto issue_pv = [&](int tile) {  // O += P V of `tile` (asynchronous: commit, wait later)
       const unsigned v_s = v_s0 + ((g0 + tile) % STAGES) * TILE_BYTES;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        // keys 16 kk ..: their box, then their row inside it
-        const int k0 = 16 * kk, k_in_box = k0 & (box_rows - 1);
-        const unsigned v_addr = v_s + (k0 - k_in_box) * (D * 2) + k_in_box * 128;
-        wgmma_rs_tb(WgmmaShape<D>(), o, p[kk], wgmma_desc(v_addr, v_lead, v_stride, SWZ), 1, T());
+        // keys 16 kk ..: 8-row groups 2 kk and 2 kk + 1
+        const unsigned v_addr = v_s + kk * (2 * KV_STRIDE);
+        wgmma_rs_tb(WgmmaShape<D>(), o, p[kk], wgmma_desc(v_addr, V_LEAD, KV_STRIDE, SWZ), 1, T());
       }
       wgmma_commit();
     };
@@ -348,8 +343,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
       const unsigned k_s = k_s0 + st * TILE_BYTES;
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
-        wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), K_LEAD, K_STRIDE, SWZ),
-                 wgmma_desc(k_addr(k_s, kd), K_LEAD, K_STRIDE, SWZ), kd > 0, T());
+        wgmma_ss(WgmmaShape<BN>(), s, wgmma_desc(q_addr(kd), QK_LEAD, Q_STRIDE, SWZ),
+                 wgmma_desc(k_addr(k_s, kd), QK_LEAD, KV_STRIDE, SWZ), kd > 0, T());
       }
       wgmma_commit();
       if (tile > 0) {

@@ -429,8 +429,9 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
         box_rows = min(shapes.block_size, WGMMA_BLOCK_N)  # a TMA box stays inside one page
         num_items = num_work * shapes.num_kv_heads
         args += [ptr(plan.device_work(q.device))] + scalars(scale, shapes, causal)
-        # V's map brings a page's whole rows in one request (the kernel's page-box layout).
-        args += [tensor_map(key_cache, box_rows), tensor_map(value_cache, box_rows, whole_rows=True),
+        # Each map brings a page's whole rows in one request (the kernel's 8-row-group layout).
+        args += [tensor_map(key_cache, box_rows, whole_rows=True),
+                 tensor_map(value_cache, box_rows, whole_rows=True),
                  np.int32(num_items), ptr(wgmma_counter(q.device))]
         with device_of(q):
             # Persistent: at most one CTA per SM, each looping over its share of the items.
