@@ -73,7 +73,7 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
         head_size: elements per row (a multiple of 64).
         dtype: ``"float16"`` or ``"bfloat16"``.
         box_rows: rows per box (1..256; with ``whole_rows`` at head size over 64, a multiple
-            of 8 that divides ``rows``).
+            of 8, and ``rows`` too).
         whole_rows: boxes of whole rows in 8-row groups (see the module docstring); with one
             column block (head size 64) that is the 2-D map itself.
 
@@ -131,6 +131,12 @@ class TensorMap:
                  whole_rows: bool = False):
         self.address, self.rows, self.head_size = int(address), int(rows), int(head_size)
         self.dtype, self.box_rows, self.whole_rows = dtype, int(box_rows), bool(whole_rows)
+        if self.whole_rows and self.head_size > BOX_COLS and (self.box_rows % GROUP_ROWS
+                                                              or self.rows % GROUP_ROWS):
+            # NOTE: the 4-D map counts rows in 8-row groups: a partial group would be floored
+            # away silently (a kernel expecting its bytes would then wait forever).
+            raise ValueError(f"a whole-row map needs box_rows and rows to be multiples of "
+                             f"{GROUP_ROWS}, got box_rows {self.box_rows}, rows {self.rows}")
 
     @property
     def value(self) -> np.void:
@@ -158,9 +164,9 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
         box_rows: keys per box: ``min(block_size, WGMMA_BLOCK_N)`` — a box never crosses a
             page (1..256).
         whole_rows: boxes of ``box_rows`` whole rows, stored in 8-row groups
-            ``[box_rows / 8][head_size / 64][8][64]`` (one TMA request per box; ``box_rows`` a
-            multiple of 8); default: boxes of 64 columns, one request per 64 columns, stored
-            ``[box_rows][64]``.
+            ``[box_rows / 8][head_size / 64][8][64]`` (one TMA request per box; at head size
+            over 64, ``box_rows`` and ``block_size`` multiples of 8); default: boxes of 64
+            columns, one request per 64 columns, stored ``[box_rows][64]``.
 
     Returns:
         A :class:`TensorMap` to put in the kernel's argument list.

@@ -92,6 +92,17 @@ def test_a_whole_row_map_lands_in_8_row_groups(monkeypatch):
         "rank": 2, "dims": [128, 256], "strides": [256], "box": [64, 16]}
 
 
+def test_a_whole_row_map_refuses_partial_8_row_groups():
+    """At head size over 64 a whole-row map counts rows in 8-row groups: a box or a cache whose
+    rows are not whole groups is refused with a ValueError naming both, instead of a map that
+    silently drops the rest (a kernel expecting those bytes would wait forever)."""
+    for box_rows, rows in ((12, 64), (4, 64), (16, 60)):
+        with pytest.raises(ValueError, match="multiples of 8"):
+            tma.TensorMap(0x1000, rows, 128, "float16", box_rows, whole_rows=True)
+    tma.TensorMap(0x1000, 60, 64, "float16", 4, whole_rows=True)  # head size 64: a 2-D map
+    tma.TensorMap(0x1000, 60, 128, "float16", 12)  # 64-column boxes: any box
+
+
 class EmulatedKernel:  # the name launch_plan takes for the emulator's kernels: no CuPy needed
     pass
 

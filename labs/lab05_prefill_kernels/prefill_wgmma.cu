@@ -74,8 +74,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
                               const int* __restrict__ work,          // [num_work, 2] (seq_idx, row_start)
                               float scale, int num_q_heads, int num_kv_heads, int block_size,
                               int max_blocks_per_seq, int causal,
-                              const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64]
-                              const TmaDesc& value_map,   // value_cache, the same (or both whole-row boxes: see below)
+                              const TmaDesc& key_map,     // key_cache as [rows, D], box [min(block_size, BN), 64] (or whole rows: see below)
+                              const TmaDesc& value_map,   // value_cache, the same
                               int num_items,              // work items x KV heads
                               int* __restrict__ sched) {  // [2] item counter, CTAs done: zero at launch
   // TODO(lab5.6): the Hopper kernel. Work items are (row tile, KV head) pairs, idx in
@@ -116,7 +116,8 @@ __device__ void prefill_wgmma(T* __restrict__ out,                // [num_tokens
   //     (r / 8) * 16 * D + (ch / 8) * 1024 + (r % 8) * 128 + ((ch % 8) ^ (r % 8)) * 16, the
   //     cp.async rows after the last box too), and load each box with one request from the
   //     maps tensor_map(cache, box_rows, whole_rows=True): tma_load_4d(dst, map, 0, 0, 0,
-  //     cache row / 8, full) at D = 128; at D = 64 those maps are 2-D, the layout is
+  //     cache row / 8, full) at D = 128, box j at tile + j * box_rows * 2 * D (the same at
+  //     D = 64); at D = 64 those maps are 2-D, the layout is
   //     sw_off<BN>'s and the load tma_load_2d(dst, map, 0, cache row, full). A page is then one
   //     request instead of D / 64; K's and V's descriptors then take stride 16 * D (the 8-row
   //     groups), V's leading offset 1024, K's column block kd / 4 at + 1024, V's k16 step kk at

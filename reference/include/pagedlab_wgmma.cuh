@@ -110,7 +110,7 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-// TMA (the tensor memory accelerator): one thread asks for a whole box of a 2-D tensor, the
+// TMA (the tensor memory accelerator): one thread asks for a whole box of a tensor, the
 // copy engine writes it into shared memory (in the swizzle layout the tensor map names) and
 // counts its bytes on an mbarrier. The tensor map (128 bytes, made on the host by
 // cuTensorMapEncodeTiled) is passed by value as a __grid_constant__ kernel parameter.

@@ -56,9 +56,10 @@
 // +3-5 % (303-308 / 418-426 / 478-481 / 444-445 / 423-428 TFLOP/s), outputs bitwise equal;
 // FlashInfer in one bench run: 1.03 / 1.01 / 1.03 / 1.01 / 0.99x. Then K too, both in 8-row
 // groups (kv_off): the same day, the same way, +3-6 % (309-317 / 438-440 / 504 / 466-468 /
-// 443-444), outputs bitwise equal.
+// 443-444), outputs bitwise equal; FlashInfer in one bench run: 1.05 / 1.06 / 1.09 / 1.07 /
+// 1.06x (314 / 448 / 518 / 474 / 458 TFLOP/s).
 #include "pagedlab_ptx.cuh"    // cp_async_*, smem_addr
-#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d/3d, setmaxnreg_*
+#include "pagedlab_wgmma.cuh"  // wgmma_*, wgmma_desc, fence_*, mbar_*, tma_load_2d/4d, setmaxnreg_*
 #include "prefill_common.cuh"   // MmaType<T>::pack, fast_exp2
 
 namespace pagedlab {
