@@ -193,9 +193,9 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
                          f"16-byte aligned address, got head size {head_size}")
     if not 1 <= int(box_rows) <= 256:
         raise ValueError(f"box_rows must be in 1..256, got {box_rows}")
-    if whole_rows and head_size > BOX_COLS and (int(box_rows) % GROUP_ROWS or t.shape[2] % GROUP_ROWS):
-        # NOTE: the map counts rows in 8-row groups, so a box, and a page, must hold whole groups.
-        raise ValueError(f"a whole-row map needs box_rows and the cache's block_size to be "
-                         f"multiples of {GROUP_ROWS} (boxes land in 8-row groups), got box_rows "
-                         f"{box_rows}, block_size {t.shape[2]}")
+    if whole_rows and head_size > BOX_COLS and t.shape[2] % GROUP_ROWS:
+        # NOTE: a box's first row is a page's (or a 128-key slice of one), which the kernel
+        # names by its 8-row group: pages must start on one. (TensorMap checks the box itself.)
+        raise ValueError(f"a whole-row map needs the cache's block_size to be a multiple of "
+                         f"{GROUP_ROWS} (boxes land in 8-row groups), got {t.shape[2]}")
     return TensorMap(t.data_ptr(), t.numel() // head_size, head_size, dtype, box_rows, whole_rows)
