@@ -6,8 +6,9 @@
 // whole GQA group. BLOCK_M = 16 * WARPS rows, each warp owns 16 of them; BLOCK_N = 64 keys.
 //
 //   prologue  cp.async Q tile and K/V tile 0 into shared memory; Q -> registers (ldmatrix)
-//   loop      cp.async K/V tile j+1 into the other stage (double buffer), then on tile j:
-//             S = Q K^T                    mma, K fragments by ldmatrix
+//   loop      on tile j, K/V tile j+1 loading into the other stage (double buffer):
+//             S = Q K^T                    mma, K fragments by ldmatrix; tile j+1's cp.async
+//                                          copies spread over its k-steps
 //             mask (diagonal / last tile only), ALiBi, online softmax in registers
 //             O = alpha O + P V            mma, P straight from the S accumulators, V by ldmatrix.trans
 //             wait for tile j+1, barrier
@@ -47,7 +48,9 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
   // padded by 16 bytes (tile_off) so that ldmatrix is free of bank conflicts.
   //   prologue: cp.async the Q tile (rows past the sequence: src_bytes 0 -> zeros) and KV tile 0
   //             (rows through the block table; rows past kv_len -> zeros); commit; wait; barrier.
-  //   loop j:   cp.async KV tile j + 1 into the other stage; commit;
+  //   loop j:   cp.async KV tile j + 1 into the other stage; commit (correct first; then fast:
+  //             8 threads per row, 2 chunks each at D = 128, and the copies issued between
+  //             S's k-steps — the handout's "The cause: instructions");
   //             S = Q K^T: per 16-dim step, ldmatrix_x4 of Q (A) and, per 16 keys, one
   //             ldmatrix_x4 of K giving the B fragments of two n-tiles; mma_16816 (fp32 acc);
   //             ALiBi and scale (base 2: exp(x) = exp2(x * log2 e)), and the mask — only on

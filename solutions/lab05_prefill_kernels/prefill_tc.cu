@@ -6,8 +6,9 @@
 // whole GQA group. BLOCK_M = 16 * WARPS rows, each warp owns 16 of them; BLOCK_N = 64 keys.
 //
 //   prologue  cp.async Q tile and K/V tile 0 into shared memory; Q -> registers (ldmatrix)
-//   loop      cp.async K/V tile j+1 into the other stage (double buffer), then on tile j:
-//             S = Q K^T                    mma, K fragments by ldmatrix
+//   loop      on tile j, K/V tile j+1 loading into the other stage (double buffer):
+//             S = Q K^T                    mma, K fragments by ldmatrix; tile j+1's cp.async
+//                                          copies spread over its k-steps
 //             mask (diagonal / last tile only), ALiBi, online softmax in registers
 //             O = alpha O + P V            mma, P straight from the S accumulators, V by ldmatrix.trans
 //             wait for tile j+1, barrier
@@ -95,25 +96,39 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
   }
 
   // ---- K/V tile -> shared memory stage, every row found through the block table ----
-  auto load_kv_tile = [&](int tile, int stage) {
-    const unsigned k_dst = kv_s + stage * 2 * TILE_BYTES;
-    const unsigned v_dst = k_dst + TILE_BYTES;
-    for (int c = tid; c < BN * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, ch = c % CHUNKS;
-      const int pos = tile * BN + r;
-      long long off = 0;
-      int bytes = 0;
-      if (pos < kv_len) {  // rows past the context are zero-filled, never read
-        const long long block = block_table[pos >> block_shift];
-        off = ((block * num_kv_heads + kv_head) * block_size + (pos & (block_size - 1))) * D + ch * 8;
-        bytes = 16;
-      }
-      cp_async_16(k_dst + tile_off<D>(r, ch), key_cache + off, bytes);
-      cp_async_16(v_dst + tile_off<D>(r, ch), value_cache + off, bytes);
+  // TPR threads share a row, each copying CPT 16-byte chunks of it (columns my_c, my_c + TPR, ...),
+  // so one block-table read and one 64-bit offset serve 2 * CPT copies (K and V), and the
+  // shared-memory address of every copy is a constant offset from my_dst.
+  constexpr int TPR = 8, CPT = CHUNKS / TPR, RSTEP = THREADS / TPR, PASSES = BN / RSTEP;
+  static_assert(CHUNKS % TPR == 0 && BN % RSTEP == 0 && KD % PASSES == 0, "load passes");
+  constexpr int KD_PER_PASS = KD / PASSES;  // k-steps of S = Q K^T between two passes
+  const int my_r = tid / TPR, my_c = tid % TPR;
+  const int block_stride = num_kv_heads * block_size * D;  // elements per physical block
+  const T* k_row = key_cache + ((long long)kv_head * block_size * D + my_c * 8);
+  const T* v_row = value_cache + ((long long)kv_head * block_size * D + my_c * 8);
+  const unsigned my_dst = tile_off<D>(my_r, my_c);
+  // The physical block of this thread's row in pass p of a tile (rows past the context: the
+  // last key's block, a real one).
+  auto block_of = [&](int tile, int p) {
+    return block_table[min(tile * BN + my_r + p * RSTEP, kv_len - 1) >> block_shift];
+  };
+  auto load_pass = [&](int tile, int stage, int p, int block) {
+    const int pos = tile * BN + my_r + p * RSTEP;
+    const int bytes = pos < kv_len ? 16 : 0;  // rows past the context are zero-filled, never read
+    const int key = min(pos, kv_len - 1);
+    const long long off = (long long)block * block_stride + (key & (block_size - 1)) * D;
+    const unsigned dst = kv_s + stage * 2 * TILE_BYTES + my_dst + p * RSTEP * (D + 8) * 2;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      cp_async_16(dst + c * TPR * 16, k_row + off + c * TPR * 8, bytes);
+      cp_async_16(dst + TILE_BYTES + c * TPR * 16, v_row + off + c * TPR * 8, bytes);
     }
   };
 
-  if (num_kv_tiles > 0) load_kv_tile(0, 0);
+  if (num_kv_tiles > 0) {
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) load_pass(0, 0, p, block_of(0, p));
+  }
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -150,8 +165,13 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int stage = tile & 1;
-    if (tile + 1 < num_kv_tiles) load_kv_tile(tile + 1, stage ^ 1);
-    cp_async_commit();
+    // Tile + 1's copies are spread over the k-steps of S = Q K^T, one pass every KD_PER_PASS
+    // steps, its block numbers read first: issued in one burst at the top of the loop they
+    // stalled the warp on those reads and throttled the ldmatrix that follow (H200, ncu).
+    const bool more = tile + 1 < num_kv_tiles;
+    int next_block[PASSES];
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) next_block[p] = more ? block_of(tile + 1, p) : 0;
     const unsigned k_s = kv_s + stage * 2 * TILE_BYTES;
     const unsigned v_s = k_s + TILE_BYTES;
 
@@ -184,7 +204,10 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
           mma_16816(s[mt][2 * np + 1], a[mt], b[2], b[3], T());
         }
       }
+      if (more && kd % KD_PER_PASS == KD_PER_PASS - 1)
+        load_pass(tile + 1, stage ^ 1, kd / KD_PER_PASS, next_block[kd / KD_PER_PASS]);
     }
+    cp_async_commit();
 
     // ALiBi (then in base-2 units), and the mask: only tiles past the first row's diagonal.
     const int kv0 = tile * BN;
