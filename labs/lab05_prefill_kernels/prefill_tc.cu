@@ -50,7 +50,8 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
   //             (rows through the block table; rows past kv_len -> zeros); commit; wait; barrier.
   //   loop j:   cp.async KV tile j + 1 into the other stage; commit (correct first; then fast:
   //             8 threads per row, 2 chunks each at D = 128, and the copies issued between
-  //             S's k-steps — the handout's "The cause: instructions");
+  //             S's k-steps, committed after the last of them — a wait covers committed
+  //             groups only; the handout's "The cause: instructions");
   //             S = Q K^T: per 16-dim step, ldmatrix_x4 of Q (A) and, per 16 keys, one
   //             ldmatrix_x4 of K giving the B fragments of two n-tiles; mma_16816 (fp32 acc);
   //             ALiBi and scale (base 2: exp(x) = exp2(x * log2 e)), and the mask — only on
