@@ -19,11 +19,21 @@ read as the handouts' "Measure it yourself" sections explain:
 * ``regs`` / ``smem KiB`` — registers per thread and dynamic shared memory per CTA, the usual
   limits of occupancy.
 
-Usage: ``pagedlab bench ncu [--stages v4 v6 tiled tc wgmma flashinfer] [--workload P3]``;
+and, from a second pass of ncu on the same launch (so that an ncu without these metrics still
+gives the ones above):
+
+* ``inst M`` — instructions executed, in millions: two kernels at the same issue rate take
+  time in proportion to it (Lab 5's "The cause: instructions");
+* ``wait`` / ``short sb`` / ``long sb`` / ``barrier`` / ``mio`` — warp cycles stalled per issued
+  instruction, by reason: a result of fixed latency, shared memory or the special-function
+  unit, L1TEX loads (global and local), ``__syncthreads``, a full memory-instruction queue.
+
+Usage: ``pagedlab bench ncu [--stages v4 v6 tiled tc wgmma flashinfer flashinfer_fa2] [--workload P3]``;
 results go to ``ncu.json`` with the device and date, each row with the profiled kernel's full
 name (``kernel_name``: for ``flashinfer``, which of its backends ran). Needs a GPU whose driver lets ncu read
 counters (see the handout's note). The ``flashinfer`` stage profiles FlashInfer's prefill
-(its default backend) on the same caches, for reading a stage's counters against it.
+(its default backend) on the same caches, for reading a stage's counters against it;
+``flashinfer_fa2`` its FlashAttention-2 backend (``mma.sync``, the tensor-core stage's peer).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ STAGES = {
     # NOTE: FlashInfer's own kernel (its default backend, FlashAttention-3 on Hopper) on the same
     # caches, so a stage's counters can be read against a production kernel's.
     "flashinfer": ("prefill", "P1", "(?i)prefill"),
+    "flashinfer_fa2": ("prefill", "P1", "(?i)prefill"),
 }
 
 #: column -> Nsight Compute metric
@@ -64,6 +75,16 @@ METRICS = {
     "smem_st_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
     "regs": "launch__registers_per_thread",
     "smem_bytes": "launch__shared_mem_per_block_dynamic",
+}
+
+#: column -> Nsight Compute metric, measured in a second ncu pass (names as ncu 2025 on an
+#: H200 printed them, 2026-11-29; tests/test_bench_ncu.py holds rows of that run).
+STALL_METRICS = {
+    "instructions": "sm__inst_executed.sum",
+    **{f"stall_{col}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+       for col, reason in (("wait", "wait"), ("short_sb", "short_scoreboard"),
+                           ("long_sb", "long_scoreboard"), ("barrier", "barrier"),
+                           ("mio", "mio_throttle"))},
 }
 
 
@@ -95,12 +116,13 @@ def target(stage: str, workload: str | None = None) -> None:
         cfg = settings_of(common, wl)
         b = build_inputs(cfg, wl)
         args, kwargs = (), {}
-        if stage == "flashinfer":
+        if stage in ("flashinfer", "flashinfer_fa2"):
             import flashinfer
 
             from reference.tools.bench.prefill import flashinfer_fn
 
-            fn, _ = flashinfer_fn(flashinfer, b, cfg, wl)
+            backend = "fa2" if stage == "flashinfer_fa2" else "auto"
+            fn, _ = flashinfer_fn(flashinfer, b, cfg, wl, backend=backend)
         else:
             impl = load_impl("lab05_prefill_kernels")
             fn = getattr(impl, f"paged_prefill_{stage}")
@@ -118,42 +140,50 @@ def profile(stage: str, ncu: str, workload: str | None = None) -> dict:
     names = workload_names(lab)
     if workload not in names:
         raise RuntimeError(f"{workload} is not a {lab} workload ({', '.join(names)})")
-    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", f"regex:{kernel}",
-           "--launch-skip", "1", "--launch-count", "1", "--csv", "--metrics",
-           ",".join(METRICS.values()), sys.executable, "-m", "reference.tools.bench.ncu",
-           "--target", stage, "--workload", workload]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"ncu ran past {e.timeout:.0f} s on {stage}") from e
-    values, kernel_name = parse_csv(done.stdout)
+    def run(metrics: dict) -> tuple[dict, str | None, object]:
+        cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k",
+               f"regex:{kernel}", "--launch-skip", "1", "--launch-count", "1", "--csv",
+               "--metrics", ",".join(metrics.values()), sys.executable, "-m",
+               "reference.tools.bench.ncu", "--target", stage, "--workload", workload]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"ncu ran past {e.timeout:.0f} s on {stage}") from e
+        return *parse_csv(done.stdout, metrics), done
+
+    values, kernel_name, done = run(METRICS)
     if all(v is None for v in values.values()):
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"ncu measured nothing for {stage} (exit {done.returncode}):\n{tail}")
+    # NOTE: a second pass, so that an ncu that lacks one of these metrics (it then measures
+    # nothing at all) still gives the first pass's columns; these are then None.
+    values.update(run(STALL_METRICS)[0])
     # NOTE: the name says which kernel the regex caught; for the flashinfer stage it is what
     # tells its backends apart (FlashAttention-3's kernels on Hopper spell out their tiling).
     return {"stage": stage, "workload": workload, "kernel": kernel, "kernel_name": kernel_name,
             **values}
 
 
-def parse_csv(stdout: str) -> tuple[dict[str, float | None], str | None]:
+def parse_csv(stdout: str, metrics: dict[str, str] = METRICS
+              ) -> tuple[dict[str, float | None], str | None]:
     """Reads ``ncu --csv --metrics ...`` output (one launch profiled).
 
     Args:
         stdout: ncu's standard output; lines that are not CSV rows (the target's own prints,
             ncu's ``==PROF==`` notes) are skipped.
+        metrics: {column: ncu metric name} to read (:data:`METRICS` or :data:`STALL_METRICS`).
 
     Returns:
-        ({column of METRICS: value, None where ncu gave no number}, the profiled kernel's
+        ({column of ``metrics``: value, None where ncu gave no number}, the profiled kernel's
         name, or None where no row named one).
     """
-    values: dict[str, float | None] = dict.fromkeys(METRICS)
+    values: dict[str, float | None] = dict.fromkeys(metrics)
     kernel_name = None
     lines = [ln for ln in stdout.splitlines() if ln.startswith('"')]
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         kernel_name = kernel_name or row.get("Kernel Name") or None
-        for col, metric in METRICS.items():
+        for col, metric in metrics.items():
             if row.get("Metric Name") == metric:
                 values[col] = _number(row.get("Metric Value", ""), row.get("Metric Unit", ""))
     return values, kernel_name
@@ -217,20 +247,25 @@ def main(argv: list[str] | None = None) -> int:
         conflicts = [row[k] for k in ("smem_ld_conflicts", "smem_st_conflicts")]
         row["smem_conflicts"] = None if None in conflicts else sum(conflicts)
         row["smem_kib"] = None if row["smem_bytes"] is None else row["smem_bytes"] / 1024
+        row["inst_m"] = None if row["instructions"] is None else row["instructions"] / 1e6
         rows.append(row)
         print(f"  {stage}: {row}", flush=True)
     cols = [("stage", "stage", ""), ("workload", "workload", ""), ("time_us", "time µs", ".1f"),
             ("dram_pct", "dram %", ".1f"), ("occupancy_pct", "occupancy %", ".1f"),
             ("tensor_pct", "tensor %", ".1f"), ("issue_pct", "issue %", ".1f"),
             ("l2_pct", "L2 %", ".1f"), ("smem_conflicts", "smem conflicts", ".0f"),
-            ("regs", "regs", ".0f"), ("smem_kib", "smem KiB", ".1f")]
+            ("regs", "regs", ".0f"), ("smem_kib", "smem KiB", ".1f"),
+            ("inst_m", "inst M", ".1f"), ("stall_wait", "wait", ".2f"),
+            ("stall_short_sb", "short sb", ".2f"), ("stall_long_sb", "long sb", ".2f"),
+            ("stall_barrier", "barrier", ".2f"), ("stall_mio", "mio", ".2f")]
     if not rows:  # keep an earlier ncu.json rather than overwrite it with nothing
         print("pagedlab bench ncu: no stage was measured")
         return 1
     print(format_table(rows, cols))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ncu.json").write_text(json.dumps({"machine": machine_info(), "metrics": METRICS,
+    (out / "ncu.json").write_text(json.dumps({"machine": machine_info(),
+                                              "metrics": {**METRICS, **STALL_METRICS},
                                               "rows": rows}, indent=1))
     print(f"wrote {out / 'ncu.json'}")
     return 0
