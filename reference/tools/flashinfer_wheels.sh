@@ -11,8 +11,8 @@
 # A GPU machine that reaches the registry needs none of this: pip install flashinfer-python==0.6.7.post3
 # NOTE: FlashInfer compiles its kernels with the GPU machine's nvcc the first time they run (1-4
 # minutes), so that machine needs the CUDA toolkit. `.ci/gpu` hands that JIT cache back as
-# $OUT/flashinfer_jit_cache.tgz: copy it into .whl/ and the next `.ci/gpu` starts with it. The committed benchmarks used 0.6.7.post3
-# with torch 2.11 and CUDA 13.0 on an H200.
+# $OUT/flashinfer_jit_cache.tgz: copy it into .whl/ and the next `.ci/gpu` starts with it. The
+# committed benchmarks used 0.6.7.post3 with torch 2.11 and CUDA 13.0 on an H200.
 #
 # Usage: bash reference/tools/flashinfer_wheels.sh [PYTHON_VERSION]   (the GPU machine's; default 3.12)
 set -euo pipefail

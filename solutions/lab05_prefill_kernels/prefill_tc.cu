@@ -3,9 +3,10 @@
 // One CTA per (row tile, KV head). A row is one (query token, query head) pair: the
 // group = num_q_heads / num_kv_heads query heads that share a KV head are stacked as rows,
 // token-major (row = token * group + head_in_group), so one K/V tile in shared memory serves the
-// whole GQA group. BLOCK_M = 16 * WARPS rows, each warp owns 16 of them; BLOCK_N = 64 keys.
+// whole GQA group. BLOCK_M = 16 * MT * WARPS rows, each warp owns MT m16 tiles; BLOCK_N = 64 keys.
 //
 //   prologue  cp.async Q tile and K/V tile 0 into shared memory; Q -> registers (ldmatrix)
+//             when MT = 1 (with MT = 2 Q fragments are re-read from shared memory each tile)
 //   loop      on tile j, K/V tile j+1 loading into the other stage (double buffer):
 //             S = Q K^T                    mma, K fragments by ldmatrix; tile j+1's cp.async
 //                                          copies spread over its k-steps
@@ -103,8 +104,7 @@ __device__ void prefill_tc(T* __restrict__ out,                // [num_tokens, n
   static_assert(CHUNKS % TPR == 0 && BN % RSTEP == 0 && KD % PASSES == 0, "load passes");
   constexpr int KD_PER_PASS = KD / PASSES;  // k-steps of S = Q K^T between two passes
   const int my_r = tid / TPR, my_c = tid % TPR;
-  // Elements per physical block, 64-bit: num_kv_heads * block_size * D can pass 2^31 (NOTE: the
-  // benchmarks of 2026-11-29 ran this product in 32 bits, 1 % fewer instructions).
+  // Elements per physical block, 64-bit: num_kv_heads * block_size * D can pass 2^31.
   const long long block_stride = (long long)num_kv_heads * block_size * D;
   const T* k_row = key_cache + ((long long)kv_head * block_size * D + my_c * 8);
   const T* v_row = value_cache + ((long long)kv_head * block_size * D + my_c * 8);

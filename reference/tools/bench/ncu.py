@@ -77,8 +77,8 @@ METRICS = {
     "smem_bytes": "launch__shared_mem_per_block_dynamic",
 }
 
-#: column -> Nsight Compute metric, measured in a second ncu pass (names as ncu 2025 on an
-#: H200 printed them, 2026-11-29; tests/test_bench_ncu.py holds rows of that run).
+#: column -> Nsight Compute metric, measured in a second ncu pass (names as ncu printed them on
+#: an H200, 2026-11-29; tests/test_bench_ncu.py holds rows of that run).
 STALL_METRICS = {
     "instructions": "sm__inst_executed.sum",
     **{f"stall_{col}": f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
