@@ -414,9 +414,49 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
     # NOTE: the default limit is 48 KiB minus the kernel's static shared memory, so a request of
     # exactly 48 KiB already needs the raise when the kernel has any static arrays.
     if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        check_shared_mem(kernel, shared_mem)
         kernel.max_dynamic_shared_size_bytes = shared_mem
     with torch_stream():
         kernel(tuple(grid), tuple(block), kernel_args(args), shared_mem=shared_mem)
+
+
+def check_shared_mem(kernel, shared_mem: int) -> None:
+    """Refuses a launch whose shared memory the current GPU cannot give one block, with a typed
+    error instead of the driver's CUDA_ERROR_INVALID_VALUE (a tuning with more stages or warps
+    than fit, say).
+
+    Args:
+        kernel: a ``cupy.RawKernel`` (its static shared memory counts too).
+        shared_mem: the dynamic shared memory requested, in bytes.
+
+    Raises:
+        UnsupportedConfigError: static + dynamic shared memory is over the device's per-block
+            opt-in limit.
+    """
+    limit = _shared_mem_optin()
+    static = int(kernel.attributes.get("shared_size_bytes", 0))
+    if static + shared_mem > limit:
+        from reference.errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(
+            f"{kernel.name} needs {shared_mem} bytes of dynamic shared memory (+ {static} "
+            f"static) but this GPU gives a block at most {limit}: choose fewer stages, warps or "
+            f"a smaller tile")
+
+
+def _shared_mem_optin() -> int:
+    """The most shared memory one block may opt into on the current CUDA device, in bytes."""
+    import cupy
+
+    return _shared_mem_optin_of(cupy.cuda.runtime.getDevice())
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_mem_optin_of(device_index: int) -> int:
+    import cupy
+
+    # NOTE: 97 is cudaDevAttrMaxSharedMemoryPerBlockOptin (227 KiB on an H100/H200).
+    return int(cupy.cuda.runtime.deviceGetAttribute(97, device_index))
 
 
 def kernel_args(args) -> tuple:
