@@ -192,20 +192,25 @@ def test_v0_refuses_tables_longer_than_its_shared_memory(impl):
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, expected", [
-    (8, 8, 128, "v6"), (8, 2, 128, "v6"), (16, 2, 128, "v6"), (64, 8, 64, "v6"),
-    (16, 2, 256, "v4"), (8, 8, 256, "v4")])
-def test_paged_attention_dispatch(impl, monkeypatch, num_q_heads, num_kv_heads, head_size,
-                                  expected):
-    """paged_attention hands head sizes 64 and 128 to v6 (MHA and every GQA group) and head
-    size 256, which v6 has no code for, to v4."""
+@pytest.mark.parametrize("group, num_kv_heads, head_size", [
+    (1, 8, 128), (2, 4, 128), ("V6_MIN_GROUP-1", 2, 128), ("V6_MIN_GROUP", 2, 128),
+    ("V6_MIN_GROUP", 1, 64), (8, 2, 128), (8, 8, 64), (2, 2, 256), (8, 2, 256), (1, 8, 256)])
+def test_paged_attention_dispatch(impl, monkeypatch, group, num_kv_heads, head_size):
+    """paged_attention hands head sizes 64 and 128 to v6 from a GQA group of V6_MIN_GROUP up
+    and to v4 below it (your constant: move it if your GPU disagrees), and head size 256, which
+    v6 has no code for, to v4 at any group."""
+    if isinstance(group, str):  # at and just below the implementation's threshold
+        group = max(1, impl.V6_MIN_GROUP - group.endswith("-1"))
+    expected = "v6" if head_size != 256 and group >= impl.V6_MIN_GROUP else "v4"
     called = []
     for version in ("v4", "v5", "v6"):
         monkeypatch.setattr(impl, f"paged_attention_{version}",
                             lambda *a, _v=version, **k: called.append(_v))
-    impl.paged_attention(**cpu_batch(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+    impl.paged_attention(**cpu_batch(num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
                                      head_size=head_size))
-    assert called == [expected]
+    assert called == [expected], (
+        f"group {group}, head size {head_size}: paged_attention called {called}, expected "
+        f"{expected} (V6_MIN_GROUP = {impl.V6_MIN_GROUP})")
 
 
 @pytest.mark.points(1)
@@ -581,13 +586,14 @@ def test_paged_attention_refuses_malformed_shapes_like_its_launchers(impl, chang
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(8, 1, 128), (4, 1, 64),
-                                                                   (128, 128, 64)])
-def test_paged_attention_sends_mqa_and_many_kv_heads_to_v6(impl, monkeypatch, num_q_heads,
+@pytest.mark.parametrize("min_group, num_kv_heads, head_size", [(8, 1, 128), (4, 1, 64),
+                                                                   (1, 128, 64)])
+def test_paged_attention_sends_mqa_and_many_kv_heads_to_v6(impl, monkeypatch, min_group,
                                                            num_kv_heads, head_size):
-    """MQA (one KV head) and MHA with more KV heads than the head size go to v6 too: the choice
-    reads num_kv_heads (shape[1] of the cache, any value >= 1) and the group
-    num_q_heads // num_kv_heads."""
+    """MQA (one KV head) and more KV heads than the head size go to v6 too, from a group of
+    V6_MIN_GROUP up: the choice reads num_kv_heads (shape[1] of the cache, any value >= 1) and
+    the group num_q_heads // num_kv_heads."""
+    num_q_heads = max(min_group, impl.V6_MIN_GROUP) * num_kv_heads
     called = []
     for version in ("v4", "v5", "v6"):
         monkeypatch.setattr(impl, f"paged_attention_{version}",

@@ -91,7 +91,10 @@ from reference.layout import num_blocks_for
 KERNEL_DIR = Path(__file__).resolve().parent
 
 #: paged_attention picks v6 from this group size up (and v4 below it, or for head size 256).
-V6_MIN_GROUP = 1
+#: NOTE: measured, not derived (H200, 2026-11-29, graph replays): on MHA and a group of 2
+#: v4 streams faster (32 x 2048 MHA: 246 against 266 µs; a group of 2: 131 against 158 µs),
+#: from a group of 3 v6 wins (3: 80 against 85 µs; 4: 65 against 90 µs).
+V6_MIN_GROUP = 3
 
 
 # ----------------------------------------------------------------------------- validation
@@ -523,15 +526,18 @@ def _prefers_v6(query, key_cache) -> bool:
 
 def paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale=None, *,
                     max_context_len=None, plan=None, return_lse=False, out=None, debug=None):
-    """The production entry point: v6 (pipelined tensor cores) where it has code, else v4.
+    """The production entry point: v6 (pipelined tensor cores) from a GQA group of
+    V6_MIN_GROUP up, where it has code; else v4.
 
-    v4's CUDA-core multiply-adds grow with the GQA group and cap it below the copy ceiling from
-    a group of 4 on fast HBM; v6's tensor cores do not care, and its cp.async ring keeps enough
-    bytes in flight to match v4 even on MHA. Head size 256 goes to v4, and so does everything on
-    a GPU below compute capability 8.0 (v6 needs sm_80).
+    v4's CUDA-core multiply-adds grow with the group and cap it below the copy ceiling from a
+    group of 3 or 4 on fast HBM; v6's tensor cores do not care. On MHA and a group of 2 the
+    multiply-adds are few and v4, which issues every load of a tile at once, measured faster.
+    Head size 256 goes to v4, and so does everything on a GPU below compute capability 8.0
+    (v6 needs sm_80).
 
-    Cost: every call validates fully, plans the split and allocates its scratch (~100 µs of
-    host time); for repeated calls on one batch shape use :func:`plan_decode` and its ``run``.
+    Cost: every call validates fully, plans the split, looks up its kernel and allocates its
+    scratch: 100-450 µs of host time per call (H200 machine, 2026-11-29); for repeated calls on
+    one batch shape use :func:`plan_decode` and its ``run``.
 
     Args and Returns: as :func:`paged_attention_v4`.
     """
