@@ -536,7 +536,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
     (v6 needs sm_80).
 
     Cost: every call validates fully, plans the split, looks up its kernel and allocates its
-    scratch: 100-450 µs of host time per call (H200 machine, 2026-11-29); for repeated calls on
+    scratch: 185-440 µs of host time per call (H200 machines, 2026-11-29); for repeated calls on
     one batch shape use :func:`plan_decode` and its ``run``.
 
     Args and Returns: as :func:`paged_attention_v4`.

@@ -126,13 +126,15 @@ def host_us_per_call(fn, *, calls: int = 200, busy_ms: float = 50.0, repeats: in
     measured the same way, in the same run). The GPU drains after each timing. The median of
     ``repeats`` such timings is returned, so one scheduler hiccup or garbage collection inside a
     loop does not set the figure. (It cannot remove the machine's own spread: D2's ``plan.run``
-    measured 41, 29 and 17 µs in three runs on lent H200 machines on 2026-11-29.)
+    measured 41 and 17 µs in two runs on lent H200 machines on 2026-11-29.)
 
     Args:
         fn: launches work on the current torch stream (no host sync inside).
         calls: calls timed per repeat (the launch queue must hold them all: keep it in the
             hundreds).
-        busy_ms: the GPU's head start; it must outlast one repeat's host time.
+        busy_ms: the GPU's head start, so that the first launches queue behind it. (A call
+            slower on the host than on the GPU lets the GPU drain and idle later in the loop;
+            that costs the host nothing: a launch waits only on a full queue.)
         repeats: timings taken; the median is returned.
 
     Returns:

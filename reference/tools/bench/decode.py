@@ -8,7 +8,8 @@ For each workload of ``reference/tools/bench/decode_workloads.py`` it measures, 
 * gather the pages into contiguous K/V, then SDPA (the "just use torch" baseline);
 * FlashInfer's batch decode, CUDA-core and tensor-core paths, when FlashInfer imports;
 * the naive baseline and every kernel version of the lab (``LAB_IMPL`` picks starter or
-  solution), and ``paged_attention``, the production entry point (v6, or v4 for head size 256);
+  solution), and ``paged_attention``, the production entry point (v6 from a GQA group of
+  ``V6_MIN_GROUP``, else v4; each of its rows records which as ``kernel``);
   ``--variants`` adds a few compile-time variants of v4 and v6; ``--methods`` picks versions.
 
 Bytes counted = the K and V rows of every cached token (sum of context_lens x kv heads x head
@@ -212,6 +213,8 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
     for row in rows:
         if row["method"] in SPLIT_K:
             row["plan"] = plan_label(impl, row["method"], w, batch, max_len, num_sms)
+        if row["method"] in ("paged_attention", PLAN_RUN):
+            row["kernel"] = dispatched_kernel(impl, batch)
     _add_ratios(rows)
     del batch, args, methods, ref
     torch.cuda.empty_cache()
@@ -236,6 +239,19 @@ def plan_run_method(impl, args, scale: float, max_len: int, only: list[str] | No
         return None  # a starter without its TODOs: the one-call rows say which
     out = args[0].new_empty(args[0].shape)
     return PLAN_RUN, lambda: plan.run(*args, out=out), None
+
+
+def dispatched_kernel(impl, batch: dict) -> str | None:
+    """The kernel ``paged_attention`` (and a plan made without ``version``) picks for the batch:
+    "v6" or "v4", or None for a starter without its dispatch yet."""
+    from reference import cuda as rcuda
+
+    try:
+        v6 = (impl._prefers_v6(batch["query"], batch["key_cache"])
+              and rcuda.runs_sm80_stages(batch["query"]))
+    except (AttributeError, NotImplementedError):
+        return None
+    return "v6" if v6 else "v4"
 
 
 def plan_label(impl, method: str, w: DecodeWorkload, batch: dict, max_len: int,
@@ -300,6 +316,41 @@ def _add_ratios(rows: list[dict]) -> None:
             r["flashinfer_best"] = r["us"] == best_fi
         if "max_err" in r and not (r["max_err"] <= ERR_LIMIT):
             r["note"] = (r.get("note", "") + f" WRONG: max error {r['max_err']:.2e} vs SDPA").strip()
+
+
+#: ``--groups``: v4 against v6 by GQA group on one batch shape (32 sequences x 2048 tokens, 8 KV
+#: heads, query heads 8 x group), to place ``V6_MIN_GROUP`` on your GPU.
+GROUP_SWEEP = (1, 2, 3, 4, 6, 8)
+
+
+def run_group_sweep(impl) -> list[dict]:
+    """v4 and v6 timed per GQA group, and the kernel ``paged_attention`` picks for it."""
+    import torch
+
+    out = []
+    for group in GROUP_SWEEP:
+        w = DecodeWorkload(f"group{group}", "group sweep", 32, 8 * group, 8, 2048)
+        batch = build_batch(w, seed=group)
+        args = (batch["query"], batch["key_cache"], batch["value_cache"], batch["block_tables"],
+                batch["context_lens"])
+        row = {"group": group, "num_q_heads": w.num_q_heads, "picks": dispatched_kernel(impl, batch)}
+        for version in ("v4", "v6"):
+            fn = impl.KERNELS[version]
+            try:
+                row[version] = measure(lambda: fn(*args, batch["scale"], max_context_len=2048))[0]
+            except Exception as exc:  # noqa: BLE001 — an unfinished kernel is a note
+                torch.cuda.synchronize()
+                row[f"{version}_note"] = f"{type(exc).__name__}: {exc}"[:200]
+        timed = [v for v in ("v4", "v6") if v in row]
+        faster = min(timed, key=row.get) if timed else None
+        print(f"  group {group}: " + ", ".join(f"{v} {row[v]:.1f} us" for v in timed)
+              + f"; paged_attention picks {row['picks']}"
+              + (f" (the faster is {faster})" if faster and row["picks"] != faster else ""),
+              flush=True)
+        out.append(row)
+        del batch, args
+        torch.cuda.empty_cache()
+    return out
 
 
 def run_sweep(impl, fi) -> list[dict]:
@@ -397,8 +448,12 @@ COLUMNS = [("workload", "wl", ""), ("method", "method", ""), ("us", "µs", ".1f"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedlab bench decode", description=__doc__)
-    parser.add_argument("--workloads", nargs="+", default=[w.name for w in DECODE_WORKLOADS])
+    parser.add_argument("--workloads", nargs="*", default=[w.name for w in DECODE_WORKLOADS],
+                        help="workloads to time (none: only the sweeps)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the context-length sweep")
+    parser.add_argument("--groups", action="store_true",
+                        help="also time v4 against v6 for GQA groups 1-8 (where V6_MIN_GROUP "
+                             "belongs on this GPU)")
     parser.add_argument("--variants", action="store_true",
                         help="also time v4's and v6's tuning variants")
     parser.add_argument("--methods", nargs="+", default=None,
@@ -426,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             write_results("decode", {"implementation": describe_impl(), "copy_ceiling_gbps": ceiling,
                                      "rows": rows, "partial": True}, args.out)
     sweep = [] if args.no_sweep else run_sweep(impl, fi)
+    groups = run_group_sweep(impl) if args.groups else []
     payload = {
         "implementation": describe_impl(),
         "copy_ceiling_gbps": ceiling,
@@ -437,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                       for w in DECODE_WORKLOADS if w.name in args.workloads],
         "rows": rows,
         "sweep": sweep,
+        "groups": groups,
         "targets": target_report(rows, ceiling),
         "seconds": time.time() - t0,
     }
