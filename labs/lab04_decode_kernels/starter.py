@@ -406,8 +406,9 @@ def _prefers_v6(query, key_cache) -> bool:
     """A head size v6 has code for and a group of at least V6_MIN_GROUP (shapes only: the
     launcher validates)."""
     # TODO(lab4.6): True when query / key_cache have 3 / 4 dimensions, the head size is one of
-    # V6_HEAD_SIZES and the group (num_q_heads // num_kv_heads) is at least V6_MIN_GROUP. Measure
-    # v4 and v6 on your GPU (pagedlab bench decode) and move V6_MIN_GROUP if they disagree.
+    # V6_HEAD_SIZES and the group (num_q_heads // num_kv_heads) is at least V6_MIN_GROUP. Then
+    # `pagedlab bench decode --workloads --no-sweep --groups` times v4 against v6 per group on
+    # your GPU: move V6_MIN_GROUP if the faster kernel is not the one picked.
     raise NotImplementedError("TODO(lab4.6): _prefers_v6 — when paged_attention uses v6")
 
 
