@@ -411,13 +411,28 @@ def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
         from reference import emulate
 
         return emulate.launch(kernel, grid, block, args, shared_mem)
+    raise_shared_mem_limit(kernel, shared_mem)
+    with torch_stream():
+        kernel(tuple(grid), tuple(block), kernel_args(args), shared_mem=shared_mem)
+
+
+def raise_shared_mem_limit(kernel, shared_mem: int) -> None:
+    """Raises ``kernel``'s dynamic shared-memory limit to ``shared_mem`` when it is lower (a
+    driver call: the launchers and plans call this once per kernel), after
+    :func:`check_shared_mem`.
+
+    Args:
+        kernel: a ``cupy.RawKernel``.
+        shared_mem: the dynamic shared memory a launch asks for, in bytes (0: nothing to do).
+
+    Raises:
+        UnsupportedConfigError: the GPU cannot give one block that much.
+    """
     # NOTE: the default limit is 48 KiB minus the kernel's static shared memory, so a request of
     # exactly 48 KiB already needs the raise when the kernel has any static arrays.
     if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
         check_shared_mem(kernel, shared_mem)
         kernel.max_dynamic_shared_size_bytes = shared_mem
-    with torch_stream():
-        kernel(tuple(grid), tuple(block), kernel_args(args), shared_mem=shared_mem)
 
 
 def check_shared_mem(kernel, shared_mem: int) -> None:
@@ -448,15 +463,8 @@ def _shared_mem_optin() -> int:
     """The most shared memory one block may opt into on the current CUDA device, in bytes."""
     import cupy
 
-    return _shared_mem_optin_of(cupy.cuda.runtime.getDevice())
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_mem_optin_of(device_index: int) -> int:
-    import cupy
-
     # NOTE: 97 is cudaDevAttrMaxSharedMemoryPerBlockOptin (227 KiB on an H100/H200).
-    return int(cupy.cuda.runtime.deviceGetAttribute(97, device_index))
+    return int(cupy.cuda.runtime.deviceGetAttribute(97, cupy.cuda.runtime.getDevice()))
 
 
 def kernel_args(args) -> tuple:

@@ -175,9 +175,7 @@ class KernelLaunch(FrozenPlan):
 
             cupy_device = cupy.cuda.Device(device.index or 0)
             # NOTE: raising the dynamic shared-memory limit is a driver call: once, here.
-            if shared_mem and kernel.max_dynamic_shared_size_bytes < shared_mem:
-                rcuda.check_shared_mem(kernel, shared_mem)  # a typed error, not the driver's
-                kernel.max_dynamic_shared_size_bytes = shared_mem
+            rcuda.raise_shared_mem_limit(kernel, shared_mem)
             if template is not None:
                 with cupy_device:
                     packed = _pack(kernel, tuple(grid), tuple(block), int(shared_mem), template,

@@ -182,9 +182,7 @@ def replay(job: dict) -> dict:
                                  backend=launch["backend"]).get_function(launch["name"])
                for launch in rec["launches"]]
     for kernel, launch in zip(kernels, rec["launches"]):
-        if launch["shared_mem"] and kernel.max_dynamic_shared_size_bytes < launch["shared_mem"]:
-            rcuda.check_shared_mem(kernel, launch["shared_mem"])
-            kernel.max_dynamic_shared_size_bytes = launch["shared_mem"]
+        rcuda.raise_shared_mem_limit(kernel, launch["shared_mem"])
     # NOTE: fresh seeds per run: the inputs cannot be known when the kernel is written.
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     device_gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))

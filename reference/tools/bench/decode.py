@@ -259,8 +259,8 @@ def plan_label(impl, method: str, w: DecodeWorkload, batch: dict, max_len: int,
     """The split-K plan a launcher chose, as "partitions x tokens" (v6 plans with its own
     target and cap; paged_attention with its kernel's)."""
     try:
-        uses_v6 = method == "v6" or (method == "paged_attention" and hasattr(impl, "_prefers_v6")
-                                     and impl._prefers_v6(batch["query"], batch["key_cache"]))
+        uses_v6 = method == "v6" or (method == "paged_attention"
+                                     and dispatched_kernel(impl, batch) == "v6")
         kwargs = ({"target_ctas_per_sm": impl.V6_TARGET_CTAS_PER_SM,
                    "max_partition_size": impl.V6_MAX_PARTITION_SIZE} if uses_v6 else {})
         plan = impl.plan_split_kv(w.num_seqs, w.num_kv_heads, max_len, num_sms,
