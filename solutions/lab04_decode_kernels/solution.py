@@ -91,10 +91,11 @@ from reference.layout import num_blocks_for
 KERNEL_DIR = Path(__file__).resolve().parent
 
 #: paged_attention picks v6 from this group size up (and v4 below it, or for head size 256).
-#: NOTE: measured, not derived (H200, 2026-11-29, graph replays): on MHA and a group of 2
-#: v4 streams faster (32 x 2048 MHA: 246 against 266 µs; a group of 2: 131 against 158 µs),
-#: from a group of 3 v6 wins (3: 80 against 85 µs; 4: 65 against 90 µs).
-V6_MIN_GROUP = 3
+#: NOTE: measured, not derived (H200, 2026-11-29, graph replays, v6's ring 128-byte aligned):
+#: from a group of 2 v6 wins (2: 69 against 83 µs on 16 x 4096; 4: 67 against 90 µs); on MHA
+#: neither wins everywhere (32 x 2048: v6 250-253, v4 252-256 µs; 128 x 1024: v6 540, v4 510),
+#: and v4 keeps it.
+V6_MIN_GROUP = 2
 
 
 # ----------------------------------------------------------------------------- validation
@@ -530,8 +531,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, context_lens, s
     V6_MIN_GROUP up, where it has code; else v4.
 
     v4's CUDA-core multiply-adds grow with the group and cap it below the copy ceiling from a
-    group of 3 or 4 on fast HBM; v6's tensor cores do not care. On MHA and a group of 2 the
-    multiply-adds are few and v4, which issues every load of a tile at once, measured faster.
+    group of 2 or 3 on fast HBM; v6's tensor cores do not care. On MHA the multiply-adds are
+    few, and v4, which issues every load of a tile at once, is as fast or faster on large
+    batches.
     Head size 256 goes to v4, and so does everything on a GPU below compute capability 8.0
     (v6 needs sm_80).
 
