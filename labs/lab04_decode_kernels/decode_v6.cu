@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v6(
   //  Grid, partition and early exit as in v5; stage the partition's block ids in s_blocks.
   //  The ring is the dynamic shared memory: declare it `extern __shared__ __align__(128)`
   //  (NOTE: with only 16-byte alignment it lands wherever your static arrays end, and for
-  //  most groups that cost 15-20 % of the speed: see the handout's "Which kernel for which
+  //  half the groups that cost 13-25 % of the speed: see the handout's "Which kernel for which
   //  group").
   //  Warp w takes 16-token tiles w, w + NUM_WARPS, ... of the partition. Prologue: load_tile the
   //  first NUM_STAGES - 1 tiles (commit a group per slot, even an empty one). Per tile i:

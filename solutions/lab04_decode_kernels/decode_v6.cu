@@ -107,10 +107,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v6(
 
   // [NUM_WARPS][NUM_STAGES][K tile, V tile]; reused for the warps' partial outputs at the end.
   // NOTE: 128-byte aligned, not just 16. The dynamic array starts right after the static ones
-  // below, whose size depends on NUM_WARPS and HEADS_PER_CTA; with __align__(16) it started 32,
-  // 64 or 96 bytes past a 128-byte line for most groups, and every swizzled 256-byte tile row
-  // then straddled three lines instead of two. Same instructions, same DRAM bytes, but 15-20 %
-  // slower (H200, 2026-11-29: one batch, groups 2, 3, 6, 7: 77-83 us, aligned 66-68 us).
+  // below, whose size depends on BLOCK_SIZE, NUM_WARPS and HEADS_PER_CTA; with __align__(16) it
+  // started 32, 64 or 96 bytes past a 128-byte line for most groups. Same instructions, same
+  // DRAM bytes, but at 64 or 96 bytes off 13-25 % slower (H200, 2026-11-29: one batch, groups
+  // 2, 3, 6, 7: 77-83 us, aligned 66-68 us). Why the hardware cares is not established.
   extern __shared__ __align__(128) unsigned char smem[];
   scalar_t* ring = reinterpret_cast<scalar_t*>(smem) + warp * (NUM_STAGES * 2 * TILE_ELEMS);
   __shared__ int s_blocks[MAX_PARTITION_BLOCKS];
