@@ -188,7 +188,7 @@ def check_capability(cu_path: str | Path, name: str | None = None,
 
 #: What only Hopper has (compute capability 9.0, the sm_90a target), as the kernel source spells
 #: it: the wrappers of pagedlab_wgmma.cuh or the raw PTX. Such a file is compiled for sm_90a and
-#: runs on no other GPU (nor on the emulated device, which does not model wgmma).
+#: runs on no other GPU (the emulated device models wgmma and TMA: it runs such files too).
 #: NOTE: including the wrappers' header counts too, so a starter whose kernel body is still a
 #: TODO is refused off Hopper like the finished kernel (not compiled into an empty kernel).
 SM90A_FEATURES = (("wgmma.mma_async", re.compile(r"\bwgmma_(?:ss|rs_tb|fence|commit|wait)\b|"
@@ -213,26 +213,34 @@ def check_hopper(cu_path: str | Path, name: str | None = None) -> bool:
         name: the kernel, for the message.
 
     Returns:
-        True when the file needs sm_90a (and this device is Hopper), False for other files.
+        True when the file needs sm_90a (and this device is Hopper, or the emulated device,
+        which models wgmma and TMA), False for other files.
 
     Raises:
         ComputeCapabilityError: (an UnsupportedConfigError) the file uses wgmma and the device
-            is not compute capability 9.0 — an older or newer GPU, or the emulated device.
+            is not compute capability 9.0 — an older or newer GPU (or the emulated device made
+            to report one by ``reference.emulate.emulated_capability``).
     """
     from reference.errors import ComputeCapabilityError
 
     features = sm90a_features(cu_path)
     if not features:
         return False
-    have = "emulated device" if emulating() else "{}.{}".format(*device_capability())
+    if emulating():  # the emulator models wgmma, TMA and mbarriers (pagedlab_emu_runtime.h)
+        from reference import emulate
+
+        have = "{}.{}".format(*emulate.capability())
+        device = f"the emulated device (as compute capability {have})"
+    else:
+        have = "{}.{}".format(*device_capability())
+        device = f"compute capability {have}"
     if have == SM90A_CAPABILITY_TEXT:
         return True
     stage = f"kernel {name} ({Path(cu_path).name})" if name else Path(cu_path).name
     raise ComputeCapabilityError(
         f"{stage} needs a Hopper GPU (compute capability 9.0, the sm_90a target: H100, H200): "
-        f"it uses {', '.join(features)}; this device is the {have}"
-        f"{'' if emulating() else ' GPU'}. The mma.sync stage (paged_prefill_tc) computes the "
-        "same on sm_80+ GPUs and on the emulated device.",
+        f"it uses {', '.join(features)}; this device is {device}. The mma.sync stage "
+        "(paged_prefill_tc) computes the same on sm_80+ GPUs and on the emulated device.",
         required=SM90A_CAPABILITY_TEXT, capability=have)
 
 

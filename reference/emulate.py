@@ -87,6 +87,30 @@ def emulation(on: bool = True):
         _forced.pop()
 
 
+#: The compute capability the emulated device reports to reference.cuda.check_hopper (it models
+#: Hopper's wgmma and TMA too). NOTE: only the Hopper check reads it; the sm_80 features
+#: (mma.sync, ldmatrix, cp.async) are always modelled.
+EMULATED_CAPABILITY = (9, 0)
+_capability: list = []
+
+
+def capability() -> tuple[int, int]:
+    """The compute capability the emulated device reports: :data:`EMULATED_CAPABILITY`, or the
+    one :func:`emulated_capability` set."""
+    return _capability[-1] if _capability else EMULATED_CAPABILITY
+
+
+@contextlib.contextmanager
+def emulated_capability(major: int, minor: int):
+    """Makes the emulated device report another compute capability to the Hopper check inside a
+    ``with`` block: a test of what a launcher does on a GPU without Hopper's wgmma runs on a CPU."""
+    _capability.append((int(major), int(minor)))
+    try:
+        yield
+    finally:
+        _capability.pop()
+
+
 def cache_dir() -> Path:
     """Returns the folder compiled kernels are cached in."""
     root = os.environ.get(CACHE_ENV)
@@ -601,6 +625,21 @@ def is_emulated(kernel) -> bool:
     return isinstance(kernel, EmulatedKernel)
 
 
+def _struct_bytes(kernel: EmulatedKernel, i: int, value) -> bytes:
+    """The bytes of a by-value struct argument: a :class:`reference.tma.TensorMap` (encoded
+    for the emulated device) or anything of exactly the parameter's size (a NumPy scalar)."""
+    from reference.tma import TensorMap
+
+    p, name = kernel.params[i], kernel.param_names[i]
+    raw = value.value.tobytes() if isinstance(value, TensorMap) else (
+        value.tobytes() if hasattr(value, "tobytes") else None)
+    if raw is None or len(raw) != p.size:
+        got = f"{len(raw)} bytes" if raw is not None else type(value).__name__
+        raise TypeError(f"kernel {kernel.name}, parameter {i} ({name}) is a {p.size}-byte "
+                        f"struct passed by value but got {got}")
+    return raw
+
+
 def _scalar_bits(kernel: EmulatedKernel, i: int, value) -> int:
     p, name = kernel.params[i], kernel.param_names[i]
     where = f"kernel {kernel.name}, parameter {i} ({name})"
@@ -873,8 +912,19 @@ def launch(kernel: EmulatedKernel, grid, block, args, shared_mem: int = 0, *,
         for i in members:
             buf_of[i] = (b, args[i].address - lo)
     kargs = (_KernelArg * max(1, len(args)))()
+    keep = []  # by-value structs' bytes, alive until the launch returns
     for i, a in enumerate(args):
         p = kernel.params[i]
+        if not p.is_pointer and p.size > 8:
+            # A struct passed by value (a TMA map, 128 bytes): its bytes, by address (kind 3).
+            raw = _struct_bytes(kernel, i, a)
+            # NOTE: 64-byte aligned, as the struct's type (TmaDesc is alignas(64)) promises.
+            buf = ctypes.create_string_buffer(len(raw) + 64)
+            at = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
+            ctypes.memmove(at, raw, len(raw))
+            keep.append(buf)
+            kargs[i] = _KernelArg(at, 3, -1)
+            continue
         if p.is_pointer:
             if isinstance(a, HostArray):
                 b, off = buf_of[i]

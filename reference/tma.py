@@ -85,19 +85,10 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
     """
     buf = ctypes.create_string_buffer(TMAP_BYTES + 64)
     base = (ctypes.addressof(buf) + 63) & ~63  # the driver wants the map 64-byte aligned
-    blocks = head_size // BOX_COLS if whole_rows else 1
-    if blocks > 1:
-        # NOTE: the dimensions are not in stride order (column blocks 128 bytes apart, rows
-        # head_size * 2, 8-row groups 16 * head_size): TMA stores a box dimension by dimension,
-        # innermost first, so this order lands each 8-row group's column blocks one after the
-        # other, the layout wgmma reads. The innermost 64 columns stay contiguous, as TMA requires.
-        dims = (ctypes.c_uint64 * 4)(BOX_COLS, GROUP_ROWS, blocks, rows // GROUP_ROWS)
-        strides = (ctypes.c_uint64 * 3)(head_size * 2, BOX_COLS * 2, GROUP_ROWS * head_size * 2)
-        box = (ctypes.c_uint32 * 4)(BOX_COLS, GROUP_ROWS, blocks, box_rows // GROUP_ROWS)
-    else:
-        dims = (ctypes.c_uint64 * 2)(head_size, rows)
-        strides = (ctypes.c_uint64 * 1)(head_size * 2)  # bytes from a row to the next
-        box = (ctypes.c_uint32 * 2)(BOX_COLS, box_rows)
+    d, st, b = map_shape(rows, head_size, box_rows, whole_rows)
+    dims = (ctypes.c_uint64 * len(d))(*d)
+    strides = (ctypes.c_uint64 * len(st))(*st)  # bytes from one index to the next, dims 1 and up
+    box = (ctypes.c_uint32 * len(b))(*b)
     rank = len(dims)
     steps = (ctypes.c_uint32 * rank)(*([1] * rank))
     err = _encoder()(ctypes.c_void_p(base), _DTYPES[dtype], rank, ctypes.c_void_p(address), dims,
@@ -106,8 +97,54 @@ def encode(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
     if err:
         raise TensorMapError(f"cuTensorMapEncodeTiled returned CUresult {err} for a {rows} x "
                              f"{head_size} {dtype} tensor at {address:#x}, box {box_rows} x "
-                             f"{BOX_COLS * blocks}")
+                             f"{head_size if whole_rows else BOX_COLS}")
     return np.frombuffer(ctypes.string_at(base, TMAP_BYTES), dtype=TMAP_DTYPE)[0]
+
+
+#: The first word of a map the emulated device reads (``PLTMAP``): see :func:`emulated_map`.
+EMULATED_MAP_MAGIC = 0x50414D544C50
+
+
+def map_shape(rows: int, head_size: int, box_rows: int, whole_rows: bool):
+    """The tiled map's dimensions, byte strides (of dimensions 1 and up) and box, innermost first.
+
+    Args:
+        rows, head_size, box_rows, whole_rows: as :func:`encode`.
+
+    Returns:
+        ``(dims, strides, box)``, tuples of ints.
+    """
+    blocks = head_size // BOX_COLS if whole_rows else 1
+    if blocks > 1:
+        # NOTE: the dimensions are not in stride order (column blocks 128 bytes apart, rows
+        # head_size * 2, 8-row groups 16 * head_size): TMA stores a box dimension by dimension,
+        # innermost first, so this order lands each 8-row group's column blocks one after the
+        # other, the layout wgmma reads. The innermost 64 columns stay contiguous, as TMA requires.
+        return ((BOX_COLS, GROUP_ROWS, blocks, rows // GROUP_ROWS),
+                (head_size * 2, BOX_COLS * 2, GROUP_ROWS * head_size * 2),
+                (BOX_COLS, GROUP_ROWS, blocks, box_rows // GROUP_ROWS))
+    return (head_size, rows), (head_size * 2,), (BOX_COLS, box_rows)
+
+
+def emulated_map(address: int, rows: int, head_size: int, dtype: str, box_rows: int,
+                 whole_rows: bool = False) -> np.void:
+    """The map in the emulated device's own 128-byte encoding (no driver involved).
+
+    Words: 0 :data:`EMULATED_MAP_MAGIC`; 1 the tensor's address (the CPU tensor's, which the
+    emulator finds among the launch's array arguments); 2 rank | element bytes << 8 | swizzle
+    << 16 (1: 128-byte); 3-6 dimensions; 7-9 byte strides of dimensions 1-3; 10-13 the box.
+    ``reference/include/emulate/pagedlab_emu_runtime.h`` (``land_tma``) reads it.
+
+    Args and Returns: as :func:`encode`.
+    """
+    dims, strides, box = map_shape(rows, head_size, box_rows, whole_rows)
+    words = np.zeros(16, dtype=np.uint64)
+    words[0], words[1] = EMULATED_MAP_MAGIC, int(address)
+    words[2] = len(dims) | 2 << 8 | 1 << 16
+    words[3:3 + len(dims)] = dims
+    words[7:7 + len(strides)] = strides
+    words[10:10 + len(box)] = box
+    return np.frombuffer(words.tobytes(), dtype=TMAP_DTYPE)[0]
 
 
 class TensorMap:
@@ -143,10 +180,17 @@ class TensorMap:
         """The encoded map for :attr:`address`."""
         return self.at(self.address)
 
-    def at(self, address: int) -> np.void:
-        """The same map for a cache of the same shape at ``address`` (cached per address)."""
-        return encode(int(address), self.rows, self.head_size, self.dtype, self.box_rows,
-                      self.whole_rows)
+    def at(self, address) -> np.void:
+        """The same map for a cache of the same shape at ``address`` (cached per address): an
+        int, or the emulated device's pointer (a ``HostArray``, whose ``address`` it takes)."""
+        from reference.cuda import emulating
+
+        address = getattr(address, "address", address)
+        # NOTE: not through encode's cache: a map encoded for the GPU must never serve the
+        # emulated device, nor the reverse (the mode is not part of that cache's key).
+        fn = emulated_map if emulating() else encode
+        return fn(int(address), self.rows, self.head_size, self.dtype, self.box_rows,
+                  self.whole_rows)
 
     def __repr__(self) -> str:
         cols = self.head_size if self.whole_rows else BOX_COLS
@@ -177,13 +221,15 @@ def tensor_map(cache, box_rows: int, *, whole_rows: bool = False) -> TensorMap:
             map cannot describe.
     """
     from reference.checks import dtype_name
-    from reference.cuda import as_torch
+    from reference.cuda import as_torch, emulating
 
     t = as_torch(cache)
     dtype = dtype_name(t)
-    if dtype not in _DTYPES or t.device.type != "cuda":
-        raise TypeError(f"cache must be a float16 or bfloat16 CUDA tensor, got {dtype} on "
-                        f"{t.device}")
+    # NOTE: the emulated device's arrays are CPU tensors, and so are the caches it maps.
+    device = "cpu" if emulating() else "cuda"
+    if dtype not in _DTYPES or t.device.type != device:
+        raise TypeError(f"cache must be a float16 or bfloat16 {device.upper()} tensor, got "
+                        f"{dtype} on {t.device}")
     if t.dim() != 4 or not t.is_contiguous():
         raise ValueError(f"cache must be a contiguous [num_blocks, num_kv_heads, block_size, "
                          f"head_size] tensor, got shape {tuple(t.shape)}")

@@ -28,7 +28,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 1.5e-2}
 #: queries and keys into 64-row tiles (a multiple of the 16- and 32-token blocks); the naive
 #: kernel has no tiles, only blocks, and is the slowest to emulate (a CTA per query token, five
 #: shuffles per score, three passes over the keys).
-EMU_PERIOD = {"naive": 32, "tiled": 64, "tc": 64, "wgmma": 64}
+EMU_PERIOD = {"naive": 32, "tiled": 64, "tc": 64, "wgmma": 128}
 
 
 def emulated_length(n: int, period: int) -> int:

@@ -300,7 +300,7 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
                         scale, *, alibi_slopes=None, causal: bool = True, out=None,
                         plan: TilePlan | None = None, debug: bool | None = None):
     """Varlen paged prefill on Hopper's warpgroup tensor cores (wgmma, fp16/bf16 in, fp32
-    accumulate; compute capability 9.0 only).
+    accumulate; compute capability 9.0, or the emulated device).
 
     Work items are (tile of ``WGMMA_BLOCK_M`` = 128 rows, KV head), rows being (token, query
     head) pairs of the KV head's GQA group as in :func:`paged_prefill_tc`, taken head by head;
@@ -311,8 +311,8 @@ def paged_prefill_wgmma(query, key_cache, value_cache, block_tables, cu_seqlens_
     Arguments and return value as :func:`paged_prefill_naive`.
 
     Raises:
-        ComputeCapabilityError: (an UnsupportedConfigError) the device is not a Hopper GPU (or
-            is the emulated device), after every other check; the message names sm_90a.
+        ComputeCapabilityError: (an UnsupportedConfigError) the device is a GPU that is not
+            Hopper (the emulated device runs it), after every other check; names sm_90a.
 
     Cost: as :func:`paged_prefill_tc`; for repeated calls use :func:`plan_prefill`.
     """

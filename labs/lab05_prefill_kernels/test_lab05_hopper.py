@@ -1,11 +1,11 @@
 """Lab 5, part D (Hopper GPU): the wgmma kernel (Task 5.6) against the float64 oracle, and its
-refusal everywhere else.
+refusal on other GPUs.
 
-The kernel tests need a Hopper GPU (compute capability 9.0: H100, H200); anywhere else they skip
-with the reason. The emulated device does not model wgmma: there, and on any other GPU, the
-launcher must refuse with ``ComputeCapabilityError`` (an ``UnsupportedConfigError``) naming
-sm_90a — that one test runs on the emulated device too. Batches, poisoning and tolerances are
-Part C's (``_cases.py``).
+The kernel tests run on a Hopper GPU (compute capability 9.0: H100, H200) and on the emulated
+device (``PAGEDLAB_DEVICE=emulate``), which models wgmma, TMA, mbarriers and named barriers;
+on any other GPU they skip with the reason, and the launcher must refuse there with
+``ComputeCapabilityError`` (an ``UnsupportedConfigError``) naming sm_90a. Batches, poisoning
+and tolerances are Part C's (``_cases.py``; lengths shrunk on the emulated device).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from reference.gpu import kernel_skip_reason, synchronize
 
 
 def hopper_skip_reason() -> str | None:
-    """Why the wgmma kernel cannot run here, or None on a Hopper GPU."""
+    """Why the wgmma kernel cannot run here, or None on a Hopper GPU or the emulated device."""
     if emulating():
-        return "the emulated device does not model wgmma (Task 5.6 needs a Hopper GPU)"
+        return None
     reason = kernel_skip_reason()
     if reason:
         return reason
@@ -70,6 +70,7 @@ PLAN_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(4)
 @pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c[0])
 def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
@@ -86,6 +87,7 @@ def test_hopper_matches_oracle_on_random_varlen_batches(impl, case):
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(3)
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_hopper_chunked_prefill_with_history(impl, block_size):
@@ -101,6 +103,7 @@ def test_hopper_chunked_prefill_with_history(impl, block_size):
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(2)
 def test_hopper_partial_row_tiles_and_poisoned_padding(impl):
     """Lengths that end mid-tile of the 128-row CTA (32 tokens of a GQA-4 group), mid-block and
@@ -118,6 +121,7 @@ def test_hopper_partial_row_tiles_and_poisoned_padding(impl):
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(2)
 def test_hopper_output_is_complete_and_deterministic(impl):
     """Into a NaN-filled out= buffer every element is written (and the buffer returned); five
@@ -142,6 +146,7 @@ def test_hopper_output_is_complete_and_deterministic(impl):
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(1)
 def test_hopper_plan_run_follows_new_caches(impl):
     """A plan made on one batch and run on another of the same shape (new caches, query and
@@ -177,6 +182,7 @@ def test_hopper_plan_run_follows_new_caches(impl):
 
 
 @needs_hopper
+@pytest.mark.emulated
 @pytest.mark.points(1)
 def test_hopper_launch_is_persistent(impl):
     """The launch is the one the handout specifies: a single kernel launch with grid
@@ -204,15 +210,22 @@ def test_hopper_launch_is_persistent(impl):
 
 @pytest.mark.emulated
 @pytest.mark.points(1)
-@pytest.mark.skipif(HOPPER_SKIP is None or kernel_skip_reason() is not None,
+@pytest.mark.skipif(not emulating() and (HOPPER_SKIP is None or kernel_skip_reason() is not None),
                     reason="on a Hopper GPU the kernel runs (or no device to refuse on)")
 def test_wgmma_refuses_off_hopper(impl):
-    """On any device but a Hopper GPU (another GPU, the emulated device) the launcher refuses
-    with UnsupportedConfigError naming sm_90a — after validating its inputs, and before any
-    kernel is compiled or launched — even for a batch with no query token."""
+    """On a GPU that is not Hopper the launcher refuses with UnsupportedConfigError naming
+    sm_90a — after validating its inputs, and before any kernel is compiled or launched — even
+    for a batch with no query token. Emulated, the device reports compute capability 8.0 for
+    this test (reference.emulate.emulated_capability)."""
+    import contextlib
+
+    from reference import emulate
+
+    as_other_gpu = emulate.emulated_capability(8, 0) if emulating() else contextlib.nullcontext()
     batch = make_batch(107, [5, 9], [0, 3], 4, 2, 64, 16)
-    with pytest.raises(UnsupportedConfigError, match="sm_90a"):
-        launcher(impl, KERNEL)(**batch)
     empty = make_batch(109, [0, 0], [4, 0], 4, 2, 64, 16)
-    with pytest.raises(UnsupportedConfigError, match="sm_90a"):
-        launcher(impl, KERNEL)(**empty)
+    with as_other_gpu:
+        with pytest.raises(UnsupportedConfigError, match="sm_90a"):
+            launcher(impl, KERNEL)(**batch)
+        with pytest.raises(UnsupportedConfigError, match="sm_90a"):
+            launcher(impl, KERNEL)(**empty)

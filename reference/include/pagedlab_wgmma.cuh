@@ -42,6 +42,84 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, uns
          ((unsigned long long)(swizzle & 3) << 62);
 }
 
+// The tensor map a TMA load reads (128 bytes, passed by value as a __grid_constant__
+// parameter): made on the host by cuTensorMapEncodeTiled, or by reference/tma.py's
+// emulated_map for the emulated device.
+struct alignas(64) TmaDesc {
+  unsigned long long words[16];
+};
+
+#ifdef PAGEDLAB_EMULATE
+// The emulated device (reference/include/emulate/pagedlab_emu.h): the same calls in C++. A
+// wgmma computes when the last of its warpgroup's 128 threads issues it, so the fences, commit
+// and wait are no-ops there; a TMA box lands when a thread waits on its mbarrier; setmaxnreg
+// does nothing (the emulator has no register file). The GPU path below is untouched.
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void wgmma_commit() {}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {}
+__device__ __forceinline__ void reg_fence(float&) {}
+__device__ __forceinline__ void fence_proxy_async() {}
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  ::pagedlab_emu::mbar_init(addr, count, __LINE__);
+}
+__device__ __forceinline__ void fence_mbarrier_init() {}
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned addr) {
+  ::pagedlab_emu::mbar_arrive_cp_async(addr);
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) { ::pagedlab_emu::mbar_arrive(addr); }
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+  ::pagedlab_emu::mbar_wait(addr, parity, __LINE__);
+}
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  ::pagedlab_emu::named_bar_sync(id, count, __LINE__);
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  ::pagedlab_emu::mbar_arrive_expect_tx(addr, bytes);
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, int x, int y, unsigned mbar) {
+  const int c[2] = {x, y};
+  ::pagedlab_emu::tma_load(dst, desc.words, 2, c, mbar, __LINE__);
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc& desc, int x, int y, int z,
+                                            int w, unsigned mbar) {
+  const int c[4] = {x, y, z, w};
+  ::pagedlab_emu::tma_load(dst, desc.words, 4, c, mbar, __LINE__);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(WgmmaShape<N>, float* d, unsigned long long a_desc,
+                                         unsigned long long b_desc, int scale_d, __half) {
+  static_assert(N == 64 || N == 128, "the wrappers have wgmma m64n64k16 and m64n128k16");
+  ::pagedlab_emu::wgmma(N, false, d, nullptr, a_desc, b_desc, scale_d, false, __LINE__);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(WgmmaShape<N>, float* d, unsigned long long a_desc,
+                                         unsigned long long b_desc, int scale_d, __nv_bfloat16) {
+  static_assert(N == 64 || N == 128, "the wrappers have wgmma m64n64k16 and m64n128k16");
+  ::pagedlab_emu::wgmma(N, true, d, nullptr, a_desc, b_desc, scale_d, false, __LINE__);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_tb(WgmmaShape<N>, float* d, const unsigned* a,
+                                            unsigned long long b_desc, int scale_d, __half) {
+  static_assert(N == 64 || N == 128, "the wrappers have wgmma m64n64k16 and m64n128k16");
+  ::pagedlab_emu::wgmma(N, false, d, a, 0, b_desc, scale_d, true, __LINE__);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_tb(WgmmaShape<N>, float* d, const unsigned* a,
+                                            unsigned long long b_desc, int scale_d, __nv_bfloat16) {
+  static_assert(N == 64 || N == 128, "the wrappers have wgmma m64n64k16 and m64n128k16");
+  ::pagedlab_emu::wgmma(N, true, d, a, 0, b_desc, scale_d, true, __LINE__);
+}
+#else
+
 // Orders this thread's earlier register accesses before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -113,10 +191,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 // TMA (the tensor memory accelerator): one thread asks for a whole box of a tensor, the
 // copy engine writes it into shared memory (in the swizzle layout the tensor map names) and
 // counts its bytes on an mbarrier. The tensor map (128 bytes, made on the host by
-// cuTensorMapEncodeTiled) is passed by value as a __grid_constant__ kernel parameter.
-struct alignas(64) TmaDesc {
-  unsigned long long words[16];
-};
+// cuTensorMapEncodeTiled) is passed by value as a __grid_constant__ kernel parameter (TmaDesc).
 // Arrives (one of the count) and tells the barrier to also wait for `bytes` more bytes.
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
@@ -216,5 +291,7 @@ __device__ __forceinline__ void wgmma_rs_tb(WgmmaShape<128>, float* d, const uns
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
 }
+
+#endif  // PAGEDLAB_EMULATE
 
 }  // namespace pagedlab

@@ -45,8 +45,15 @@
 //     per-access hooks the engine answers with a shared-memory race detector that orders
 //     accesses by barrier epochs and warp collectives, not by the scheduler's one order
 //     (pagedlab_emu_runtime.h, "racecheck state").
+//   * Hopper (pagedlab_wgmma.cuh, Lab 5.6): a wgmma is a warpgroup collective (the last of its
+//     128 threads computes D for all, descriptors decoded in the PTX ISA's canonical layouts and
+//     swizzles); mbarriers keep their phase, pending arrivals and transaction bytes beside the
+//     kernel's 8 bytes, and mbar_wait parks its fiber until the phase completes; a TMA box is
+//     queued and lands (swizzled, zero past the tensor) when its barrier is waited on or nothing
+//     else can run; named barriers park until their count arrives; setmaxnreg is a no-op.
 // What emulation does not prove: timing, memory-model subtleties (fences, volatile, races in
-// global memory), bank conflicts.
+// global memory), bank conflicts; for Hopper, a missing wgmma_wait / wgmma_fence /
+// fence.proxy.async (a wgmma is complete when issued).
 #pragma once
 
 #ifndef PAGEDLAB_EMULATE
@@ -87,6 +94,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ static
 #define __restrict__ __restrict
+#define __grid_constant__
 // NOTE: __shared__ is deliberately left undefined here: emulate.py rewrites every __shared__
 // declaration of the preprocessed source into storage in the block's shared-memory arena.
 
@@ -297,7 +305,7 @@ struct BufferArg {
   const char* name;
 };
 // One kernel argument: kind 0 = scalar (bits in value), 1 = pointer at byte `value` of buffer
-// `buf`, 2 = raw pointer value (null).
+// `buf`, 2 = raw pointer value (null), 3 = a struct by value whose bytes are at address `value`.
 struct KernelArg {
   unsigned long long value;
   int kind;
@@ -331,6 +339,17 @@ PL_HIDDEN unsigned shared_offset(const void* p, const char* what);
 PL_HIDDEN void cp_async(unsigned dst, const void* src, int bytes, int src_bytes);
 PL_HIDDEN void cp_async_commit();
 PL_HIDDEN void cp_async_wait(int n);
+// Hopper (sm_90a, Lab 5.6): mbarriers, named barriers, TMA box copies, wgmma.
+PL_HIDDEN void mbar_init(unsigned addr, unsigned count, int line);
+PL_HIDDEN void mbar_arrive(unsigned addr);
+PL_HIDDEN void mbar_arrive_expect_tx(unsigned addr, unsigned bytes);
+PL_HIDDEN void mbar_arrive_cp_async(unsigned addr);
+PL_HIDDEN void mbar_wait(unsigned addr, unsigned parity, int line);
+PL_HIDDEN void named_bar_sync(int id, int count, int line);
+PL_HIDDEN void tma_load(unsigned dst, const unsigned long long* words, int rank, const int* coords,
+                        unsigned mbar, int line);
+PL_HIDDEN void wgmma(int n, bool bf16, float* d, const unsigned* a, unsigned long long a_desc,
+                     unsigned long long b_desc, int scale_d, bool b_mn_major, int line);
 
 template <class T>
 inline T shfl(unsigned mask, T var, int src, const char* what, int line) {

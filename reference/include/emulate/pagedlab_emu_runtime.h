@@ -23,7 +23,9 @@
 
 namespace pagedlab_emu {
 
-enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP_OP = 2, DONE = 3 };
+// AT_MBAR: parked in mbar_wait until the barrier's phase of that parity completes; AT_NAMED: at a
+// named barrier (bar.sync id, count) until `count` threads have arrived (Hopper, Lab 5.6).
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP_OP = 2, DONE = 3, AT_MBAR = 4, AT_NAMED = 5 };
 
 struct PendingCopy {
   unsigned char* dst;
@@ -49,6 +51,47 @@ struct Fiber {
   const char* wait_what = nullptr;
   std::vector<PendingCopy> copies;
   int committed = 0;  // cp.async groups committed so far
+  unsigned mbar_addr = 0, mbar_parity = 0;  // AT_MBAR: the barrier and the parity awaited
+  int named_id = 0;                          // AT_NAMED: the barrier number
+};
+
+// An mbarrier (Hopper): the 8 bytes in shared memory are the kernel's, the state lives here
+// (keyed by shared address, reset for every block). A phase completes when `pending` arrivals
+// and the transaction bytes `tx` are both down to zero; `phase` counts completed phases.
+struct Mbar {
+  unsigned addr = 0;
+  int count = 0, pending = 0;
+  long long tx = 0;
+  unsigned phase = 0;
+  int init_line = 0;
+  std::vector<PendingCopy> copies;  // cp.async copies an mbar_arrive_cp_async handed over
+};
+// What mbar_init writes into the barrier's 8 bytes: a store, cp.async or TMA box that lands on
+// a live barrier changes them, and the next arrive or wait says so.
+constexpr unsigned long long MBAR_COOKIE = 0x4d4241524c50ull;  // "PLRABM\0\0"
+
+// A TMA box copy in flight: it lands (and counts its bytes on its mbarrier) when a thread waits
+// on that barrier, or when nothing else can run.
+struct TmaCopy {
+  unsigned dst = 0, mbar = 0;
+  unsigned long long words[16];
+  int coords[5];
+  int rank = 0;
+  unsigned char* base = nullptr;  // the tensor's first byte in its fenced region
+  unsigned long long bytes = 0;   // the box's
+};
+// A warpgroup's wgmma in the making: each of its 128 threads deposits its operands and parks;
+// the last to arrive computes D for all of them (warpgroup lockstep, like a warp collective).
+struct WgmmaLane {
+  float* d = nullptr;
+  unsigned a[4];
+  unsigned long long a_desc = 0, b_desc = 0;
+  int n = 0, scale_d = 0, line = 0;
+  bool bf16 = false, a_regs = false, b_mn_major = false;
+};
+struct WarpGroupOp {
+  int arrived = 0;
+  WgmmaLane lane[128];
 };
 
 struct Warp {
@@ -71,6 +114,7 @@ struct Region {  // a fenced copy of one argument buffer
   int elem_size = 1;
   bool is_const = false;
   const char* name = "";
+  unsigned long long host_addr = 0;  // the caller's array (TMA maps name it by this address)
   // Lazy regions (arrays of LAZY_BYTES or more): no copy up front; a page of the array is
   // copied in from the caller's memory at the first access that touches it (the trap handler
   // does it and resumes the access), and only touched pages are copied back. The end fence
@@ -100,6 +144,11 @@ struct Launch {
   std::vector<std::pair<long long, size_t>> static_slots;  // (id << 32 | size) -> offset
   std::vector<const char*> slot_names;  // the __shared__ array of each static slot
   std::vector<Region> regions;
+  std::vector<Mbar> mbars;                 // Hopper: this block's mbarriers
+  std::vector<TmaCopy> tma;                // Hopper: TMA copies not landed yet
+  int named_waiting[16] = {0}, named_count[16] = {0};  // Hopper: bar.sync id, count
+  std::vector<WarpGroupOp> wgops;          // Hopper: per warpgroup
+  int n_mbar = 0, n_named = 0;
   sigjmp_buf jmp;
   std::string error;
   bool running = false;
@@ -241,7 +290,7 @@ inline void yield_to_scheduler() {
 
 inline void set_state(Fiber& f, State s) {
   Launch& l = L();
-  int* counts[4] = {&l.n_runnable, &l.n_barrier, &l.n_warp, &l.n_done};
+  int* counts[6] = {&l.n_runnable, &l.n_barrier, &l.n_warp, &l.n_done, &l.n_mbar, &l.n_named};
   --*counts[f.state];
   ++*counts[s];
   f.state = s;
@@ -294,12 +343,23 @@ void syncthreads(const char* file, int line) {
   yield_to_scheduler();
 }
 
+void land_all_tma(Launch& l);                            // Hopper (below)
+[[noreturn]] void hopper_deadlock(Launch& l, const char* head);
+void wgmma_deadlock(Launch& l, const char* head);
+
 // Called by the scheduler when no fiber can run: release the barrier or explain the deadlock.
 inline void resolve_block(Launch& l) {
   std::string kernel = l.kernel;
   char head[200];
   std::snprintf(head, sizeof head, "kernel %s, block (%u, %u, %u): ", l.kernel, l.bid.x, l.bid.y,
                 l.bid.z);
+  // TMA copies land when nothing else can run (or when their barrier is waited on): landing
+  // them may complete a phase and wake its waiters.
+  if (!l.tma.empty()) {
+    land_all_tma(l);
+    if (l.n_runnable > 0) return;
+  }
+  if (l.n_warp == 0 && (l.n_mbar > 0 || l.n_named > 0)) hopper_deadlock(l, head);
   if (l.n_barrier > 0 && l.n_warp == 0) {
     // Every thread that is not finished waits at a __syncthreads: the same one?
     const Fiber* first = nullptr;
@@ -359,6 +419,7 @@ inline void resolve_block(Launch& l) {
          thread_list(missing) + " of their mask, which never arrive (the first " + why +
          "). Every lane named in a *_sync mask must execute the same collective.");
   }
+  wgmma_deadlock(l, head);
   fail(std::string(head) + "internal error: no runnable thread and nothing to release");
 }
 
@@ -865,6 +926,477 @@ inline void cp_async_finish(Fiber& f, int keep_groups) {
 void cp_async_commit() { ++cur().committed; }
 void cp_async_wait(int n) { cp_async_finish(cur(), n); }
 
+// ----------------------------------------------------------------------------- Hopper (sm_90a)
+// mbarriers, named barriers, TMA box copies and wgmma, for Lab 5's Hopper stage
+// (reference/include/pagedlab_wgmma.cuh's wrappers). Semantics as in the PTX ISA; what the
+// emulator does differently: a wgmma computes when the last thread of its warpgroup issues it
+// (fences, commit and wait are then no-ops), and a TMA copy lands when a thread waits on its
+// mbarrier (so a read of the box before that wait sees poison, as it may on the GPU).
+
+inline std::string hex(unsigned v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%x", v);
+  return b;
+}
+
+inline Mbar* find_mbar(unsigned addr) {
+  for (Mbar& m : L().mbars)
+    if (m.addr == addr) return &m;
+  return nullptr;
+}
+
+// A Hopper operand or object in shared memory: within what this launch asked for (dynamic bytes
+// and static arrays), not just within the emulated device's 228 KiB, which the GPU would not allow.
+inline unsigned char* hopper_shared(unsigned addr, size_t bytes, const char* what, int line) {
+  Launch& l = L();
+  if (size_t(addr) + bytes > l.arena_used) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(cur()) + ": " + what + " at line " +
+         std::to_string(line) + ", shared address " + hex(addr) + " + " + std::to_string(bytes) +
+         " bytes, is past the launch's shared memory (" + std::to_string(l.arena_used) +
+         " bytes: the dynamic size it was launched with, then the static arrays)");
+  }
+  return l.arena + addr;
+}
+
+inline Mbar& mbar_at(unsigned addr, const char* what) {
+  Mbar* m = find_mbar(addr);
+  if (!m) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": " + what +
+         " on shared address " + hex(addr) + ", which no mbar_init of this block initialised "
+         "(initialise every mbarrier from one thread, then fence_mbarrier_init() and "
+         "__syncthreads(), before any thread uses it)");
+  }
+  unsigned long long bytes;
+  std::memcpy(&bytes, L().arena + addr, 8);
+  if (bytes != MBAR_COOKIE) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": " + what +
+         " on the mbarrier at shared address " + hex(addr) + " (initialised at line " +
+         std::to_string(m->init_line) + "), whose 8 bytes something overwrote since (a store, "
+         "cp.async or TMA box that overlaps it: check the shared-memory layout)");
+  }
+  return *m;
+}
+
+void mbar_init(unsigned addr, unsigned count, int line) {
+  if (race().on) {
+    fail(std::string("kernel ") + L().kernel + ": the emulator's racecheck does not model "
+         "mbarriers, TMA or wgmma (Lab 5.6); run this kernel without racecheck");
+  }
+  unsigned char* p = hopper_shared(addr, 8, "mbar_init", line);
+  if (addr % 8) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": mbar_init at line " +
+         std::to_string(line) + " on shared address " + hex(addr) + ", not 8-byte aligned");
+  }
+  if (count < 1 || count > (1u << 20) - 1) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": mbar_init at line " +
+         std::to_string(line) + " with count " + std::to_string(count) + " (1 .. 2^20 - 1)");
+  }
+  Mbar* m = find_mbar(addr);
+  if (!m) {
+    L().mbars.push_back(Mbar{});
+    m = &L().mbars.back();
+  }
+  m->addr = addr;
+  m->count = m->pending = int(count);
+  m->tx = 0;
+  m->phase = 0;
+  m->init_line = line;
+  m->copies.clear();
+  std::memcpy(p, &MBAR_COOKIE, 8);
+}
+
+inline void mbar_maybe_complete(Mbar& m) {
+  if (m.pending != 0 || m.tx != 0) return;
+  // cp.async copies handed to this barrier land with the phase that waits for them.
+  for (const PendingCopy& c : m.copies) {
+    if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+    std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+  }
+  m.copies.clear();
+  ++m.phase;
+  m.pending = m.count;
+  Launch& l = L();
+  for (Fiber& f : l.fibers)
+    if (f.state == AT_MBAR && f.mbar_addr == m.addr) set_state(f, RUNNABLE);  // each re-checks
+}
+
+inline void mbar_arrive_on(Mbar& m, const char* what) {
+  if (m.pending <= 0) {
+    fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": " + what +
+         " on the mbarrier at shared address " + hex(m.addr) + " (initialised at line " +
+         std::to_string(m.init_line) + " for " + std::to_string(m.count) +
+         " arrivals): more arrivals in one phase than its count");
+  }
+  --m.pending;
+  mbar_maybe_complete(m);
+}
+
+void mbar_arrive(unsigned addr) { mbar_arrive_on(mbar_at(addr, "mbar_arrive"), "mbar_arrive"); }
+
+void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  Mbar& m = mbar_at(addr, "mbar_arrive_expect_tx");
+  m.tx += bytes;
+  mbar_arrive_on(m, "mbar_arrive_expect_tx");
+}
+
+// cp.async.mbarrier.arrive.noinc: the arrival happens once this thread's earlier cp.async copies
+// have landed. Here the thread's copies go to the barrier and land when its phase completes
+// (so a read before the wait that completes it sees poison), and the arrival counts now.
+void mbar_arrive_cp_async(unsigned addr) {
+  Mbar& m = mbar_at(addr, "mbar_arrive_cp_async");
+  Fiber& f = cur();
+  for (const PendingCopy& c : f.copies) m.copies.push_back(c);
+  f.copies.clear();
+  mbar_arrive_on(m, "mbar_arrive_cp_async");
+}
+
+inline unsigned char* tma_global(Launch& l, unsigned long long host, size_t bytes) {
+  for (Region& r : l.regions) {
+    if (host >= r.host_addr && host + bytes <= r.host_addr + r.nbytes)
+      return r.data + (host - r.host_addr);
+  }
+  return nullptr;
+}
+
+// words: 0 magic, 1 address, 2 rank | elem bytes << 8 | swizzle << 16, 3..6 dims,
+// 7..9 strides (bytes, dims 1..3), 10..13 box (see reference/tma.py, emulated_map).
+inline void land_tma(Launch& l, const TmaCopy& c) {
+  const unsigned long long* w = c.words;
+  const int rank = int(w[2] & 0xff), elem = int((w[2] >> 8) & 0xff), swz = int((w[2] >> 16) & 3);
+  unsigned long long dims[4] = {1, 1, 1, 1}, box[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 0};
+  for (int i = 0; i < rank; ++i) {
+    dims[i] = w[3 + i];
+    box[i] = w[10 + i];
+    stride[i] = i == 0 ? (unsigned long long)elem : w[6 + i];
+  }
+  unsigned long long n = 0;
+  for (unsigned long long i3 = 0; i3 < box[3]; ++i3)
+    for (unsigned long long i2 = 0; i2 < box[2]; ++i2)
+      for (unsigned long long i1 = 0; i1 < box[1]; ++i1)
+        for (unsigned long long i0 = 0; i0 < box[0]; ++i0, ++n) {
+          const long long x[4] = {c.coords[0] + (long long)i0, c.coords[1] + (long long)i1,
+                                  c.coords[2] + (long long)i2, c.coords[3] + (long long)i3};
+          bool in = true;
+          unsigned long long off = 0;
+          for (int d = 0; d < rank; ++d) {
+            if (x[d] < 0 || (unsigned long long)x[d] >= dims[d]) in = false;
+            else off += (unsigned long long)x[d] * stride[d];
+          }
+          unsigned a = c.dst + unsigned(n * elem);
+          if (swz == 1) a ^= ((a >> 7) & 7u) << 4;       // 128-byte swizzle
+          else if (swz == 2) a ^= ((a >> 7) & 3u) << 4;  // 64-byte
+          else if (swz == 3) a ^= ((a >> 7) & 1u) << 4;  // 32-byte
+          unsigned char* p = l.arena + a;
+          if (in) std::memcpy(p, c.base + off, elem);
+          else std::memset(p, 0, elem);  // out of bounds: zero fill (the bytes still count)
+        }
+  Mbar* m = find_mbar(c.mbar);
+  if (m) {  // checked at issue; a later mbar_init of the same address would be a kernel bug
+    m->tx -= (long long)c.bytes;
+    mbar_maybe_complete(*m);
+  }
+}
+
+void land_all_tma(Launch& l) {
+  std::vector<TmaCopy> copies;
+  copies.swap(l.tma);
+  for (const TmaCopy& c : copies) land_tma(l, c);
+}
+
+inline void land_tma_for(Launch& l, unsigned mbar) {
+  if (l.tma.empty()) return;
+  std::vector<TmaCopy> keep, now;
+  for (TmaCopy& c : l.tma) (c.mbar == mbar ? now : keep).push_back(c);
+  l.tma.swap(keep);
+  for (const TmaCopy& c : now) land_tma(l, c);
+}
+
+// Everything about a TMA load is checked here, at issue, where the error can name the thread
+// and the line; the copy itself lands later (see TmaCopy).
+void tma_load(unsigned dst, const unsigned long long* w, int rank, const int* coords,
+              unsigned mbar, int line) {
+  Launch& l = L();
+  const std::string at = std::string("kernel ") + l.kernel + ", " + where(cur()) +
+                         ": tma_load_" + std::to_string(rank) + "d at line " + std::to_string(line);
+  if (w[0] != 0x50414d544c50ull) {  // "PLTMAP": emulated_map's encoding
+    fail(at + " through a tensor map the emulator did not make (pass reference.tma.tensor_map(...) "
+         "as the kernel argument)");
+  }
+  if (int(w[2] & 0xff) != rank) fail(at + " through a " + std::to_string(w[2] & 0xff) + "-D tensor map");
+  const int elem = int((w[2] >> 8) & 0xff), swz = int((w[2] >> 16) & 3);
+  const unsigned align = swz == 1 ? 1024u : swz == 2 ? 512u : swz == 3 ? 256u : 128u;
+  if (dst % align) {
+    fail(at + " into shared address " + hex(dst) + ": the box must start " +
+         std::to_string(align) + "-byte aligned" + (swz ? " (its swizzle pattern's period)" : ""));
+  }
+  unsigned long long span = elem, bytes = elem;
+  for (int i = 0; i < rank; ++i) {
+    span += (w[3 + i] - 1) * (i == 0 ? (unsigned long long)elem : w[6 + i]);
+    bytes *= w[10 + i];
+  }
+  TmaCopy c;
+  c.base = tma_global(l, w[1], span);
+  if (!c.base) {
+    fail(at + " through a tensor map whose tensor is not one of this launch's array arguments "
+         "(pass the cache itself as an argument too)");
+  }
+  hopper_shared(dst, bytes, "a TMA box", line);
+  mbar_at(mbar, "a TMA load's complete_tx");
+  c.dst = dst;
+  c.mbar = mbar;
+  c.bytes = bytes;
+  std::memcpy(c.words, w, sizeof c.words);
+  for (int i = 0; i < 5; ++i) c.coords[i] = i < rank ? coords[i] : 0;
+  c.rank = rank;
+  l.tma.push_back(c);
+}
+
+void mbar_wait(unsigned addr, unsigned parity, int line) {
+  Launch& l = L();
+  Fiber& f = cur();
+  for (;;) {
+    Mbar& m = mbar_at(addr, "mbar_wait");
+    if ((m.phase & 1u) != (parity & 1u)) return;  // the phase of that parity has completed
+    // It would block: the copies this barrier counts land now (a wait for a phase that is
+    // already over lands nothing, so a read it was meant to guard sees what is there).
+    land_tma_for(l, addr);
+    if ((m.phase & 1u) != (parity & 1u)) return;
+    f.mbar_addr = addr;
+    f.mbar_parity = parity & 1u;
+    f.wait_file = "";
+    f.wait_line = line;
+    f.wait_what = "mbar_wait";
+    set_state(f, AT_MBAR);
+    yield_to_scheduler();
+  }
+}
+
+void named_bar_sync(int id, int count, int line) {
+  Launch& l = L();
+  Fiber& f = cur();
+  if (race().on) {
+    fail(std::string("kernel ") + l.kernel + ": the emulator's racecheck does not model named "
+         "barriers, mbarriers, TMA or wgmma (Lab 5.6); run this kernel without racecheck");
+  }
+  if (id < 1 || id > 15 || count <= 0 || count % 32 || count > l.num_threads) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": named_bar_sync(" +
+         std::to_string(id) + ", " + std::to_string(count) + ") at line " + std::to_string(line) +
+         ": the id must be 1..15 (0 is __syncthreads()'s) and the count a multiple of 32, at "
+         "most the block's " + std::to_string(l.num_threads) + " threads");
+  }
+  if (l.named_waiting[id] > 0 && l.named_count[id] != count) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": named barrier " +
+         std::to_string(id) + " reached with count " + std::to_string(count) + " at line " +
+         std::to_string(line) + " while other threads wait on it with count " +
+         std::to_string(l.named_count[id]));
+  }
+  l.named_count[id] = count;
+  if (++l.named_waiting[id] == count) {
+    l.named_waiting[id] = 0;
+    for (Fiber& o : l.fibers)
+      if (o.state == AT_NAMED && o.named_id == id) set_state(o, RUNNABLE);
+    return;
+  }
+  f.named_id = id;
+  f.wait_file = "";
+  f.wait_line = line;
+  f.wait_what = "named_bar_sync";
+  set_state(f, AT_NAMED);
+  yield_to_scheduler();
+}
+
+[[noreturn]] void hopper_deadlock(Launch& l, const char* head) {
+  std::string msg = std::string(head) + "deadlock:";
+  for (const Mbar& m : l.mbars) {
+    std::vector<int> ids;
+    std::vector<int> parities;
+    int line = 0;
+    for (const Fiber& f : l.fibers)
+      if (f.state == AT_MBAR && f.mbar_addr == m.addr) { ids.push_back(f.linear); line = f.wait_line; }
+    if (ids.empty()) continue;
+    msg += " threads " + thread_list(ids) + " wait (mbar_wait, line " + std::to_string(line) +
+           ") on the mbarrier at shared address " + hex(m.addr) + " (initialised at line " +
+           std::to_string(m.init_line) + "), whose phase " + std::to_string(m.phase) +
+           " never completes: " + std::to_string(m.pending) + " of its " +
+           std::to_string(m.count) + " arrivals are missing, and " +
+           (m.tx >= 0 ? std::to_string(m.tx) + " transaction bytes"
+                      : std::to_string(-m.tx) + " more transaction bytes arrived than expected") +
+           ";";
+  }
+  for (int id = 0; id < 16; ++id) {
+    std::vector<int> ids;
+    int line = 0;
+    for (const Fiber& f : l.fibers)
+      if (f.state == AT_NAMED && f.named_id == id) { ids.push_back(f.linear); line = f.wait_line; }
+    if (ids.empty()) continue;
+    msg += " threads " + thread_list(ids) + " wait at named barrier " + std::to_string(id) +
+           " (line " + std::to_string(line) + ") for " + std::to_string(l.named_count[id]) +
+           " threads, " + std::to_string(l.named_waiting[id]) + " arrived;";
+  }
+  std::vector<int> bar, done;
+  for (const Fiber& f : l.fibers) {
+    if (f.state == AT_BARRIER) bar.push_back(f.linear);
+    if (f.state == DONE) done.push_back(f.linear);
+  }
+  if (!bar.empty()) msg += " threads " + thread_list(bar) + " wait at __syncthreads();";
+  if (!done.empty()) msg += " threads " + thread_list(done) + " have exited;";
+  msg += " nothing left to run can release them.";
+  fail(msg);
+}
+
+// ---- wgmma
+
+// Byte address of element (row, k) of a K-major operand (rows: M of A, N of B), or of (k, col)
+// of an MN-major one, in the canonical layouts of the PTX ISA's shared-memory matrix
+// descriptor: start, leading and stride byte offsets, swizzle 0 (none, 8 x 16-byte core
+// matrices), 1 (128-byte), 2 (64-byte), 3 (32-byte); the swizzle XORs the 16-byte chunk bits
+// of the address with the row bits above them.
+inline unsigned desc_addr(unsigned long long desc, int mn, int k, bool mn_major) {
+  if ((desc >> 49) & 7) {
+    fail(std::string("kernel ") + L().kernel + ": a wgmma descriptor with a nonzero base offset "
+         "(bits 49-51): the emulator models tiles that start on their swizzle pattern's period");
+  }
+  const unsigned start = unsigned(desc & 0x3FFF) << 4;
+  const unsigned lead = unsigned((desc >> 16) & 0x3FFF) << 4;
+  const unsigned stride = unsigned((desc >> 32) & 0x3FFF) << 4;
+  const int swz = int(desc >> 62);
+  const int width = swz == 1 ? 128 : swz == 2 ? 64 : swz == 3 ? 32 : 16;  // bytes per row of an atom
+  const int per_row = width / 2;  // 16-bit elements
+  unsigned a;
+  if (!mn_major) {
+    if (swz == 0) a = start + (mn / 8) * stride + (mn % 8) * 16 + (k / 8) * lead + (k % 8) * 2;
+    else a = start + (mn / 8) * stride + (mn % 8) * width + k * 2;
+  } else {
+    if (swz == 0) a = start + (mn / 8) * stride + (mn % 8) * 2 + (k / 8) * lead + (k % 8) * 16;
+    else a = start + (mn / per_row) * lead + (mn % per_row) * 2 + (k / 8) * stride + (k % 8) * width;
+  }
+  if (swz == 1) a ^= ((a >> 7) & 7u) << 4;
+  else if (swz == 2) a ^= ((a >> 7) & 3u) << 4;
+  else if (swz == 3) a ^= ((a >> 7) & 1u) << 4;
+  return a;
+}
+
+inline float smem_half(unsigned addr, bool bf16, int line) {
+  unsigned short b;
+  std::memcpy(&b, hopper_shared(addr, 2, "a wgmma operand", line), 2);
+  return bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+}
+
+inline void wgmma_compute(WarpGroupOp& op) {
+  const WgmmaLane& l0 = op.lane[0];
+  const int n = l0.n;
+  const bool bf16 = l0.bf16;
+  static thread_local std::vector<float> A, B, D;
+  A.assign(64 * 16, 0.f);
+  B.assign(16 * size_t(n), 0.f);
+  if (l0.a_regs) {
+    for (int t = 0; t < 128; ++t) {
+      const int w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+      const unsigned* r = op.lane[t].a;
+      const int r0 = 16 * w + g, r1 = r0 + 8;
+      A[r0 * 16 + 2 * q] = lo_half(r[0], bf16);     A[r0 * 16 + 2 * q + 1] = hi_half(r[0], bf16);
+      A[r1 * 16 + 2 * q] = lo_half(r[1], bf16);     A[r1 * 16 + 2 * q + 1] = hi_half(r[1], bf16);
+      A[r0 * 16 + 2 * q + 8] = lo_half(r[2], bf16); A[r0 * 16 + 2 * q + 9] = hi_half(r[2], bf16);
+      A[r1 * 16 + 2 * q + 8] = lo_half(r[3], bf16); A[r1 * 16 + 2 * q + 9] = hi_half(r[3], bf16);
+    }
+  } else {
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k) A[m * 16 + k] = smem_half(desc_addr(l0.a_desc, m, k, false), bf16, l0.line);
+  }
+  for (int k = 0; k < 16; ++k)
+    for (int j = 0; j < n; ++j)
+      B[k * n + j] = smem_half(desc_addr(l0.b_desc, j, k, l0.b_mn_major), bf16, l0.line);
+  for (int t = 0; t < 128; ++t) {
+    const WgmmaLane& me = op.lane[t];
+    const int w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    for (int j = 0; j < n / 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * q + (e % 2);
+        float s = me.scale_d ? me.d[4 * j + e] : 0.f;
+        for (int k = 0; k < 16; ++k) s += A[row * 16 + k] * B[k * n + col];
+        me.d[4 * j + e] = s;
+      }
+  }
+}
+
+void wgmma(int n, bool bf16, float* d, const unsigned* a, unsigned long long a_desc,
+           unsigned long long b_desc, int scale_d, bool b_mn_major, int line) {
+  Launch& l = L();
+  Fiber& f = cur();
+  const int group = f.linear / 128, t = f.linear % 128;
+  if ((group + 1) * 128 > l.num_threads) {
+    fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": wgmma at line " +
+         std::to_string(line) + " in a warpgroup that is not whole (the block has " +
+         std::to_string(l.num_threads) + " threads; warpgroups are 128 consecutive threads)");
+  }
+  if (race().on) {
+    fail(std::string("kernel ") + l.kernel + ": the emulator's racecheck does not model wgmma, "
+         "mbarriers or TMA (Lab 5.6); run this kernel without racecheck");
+  }
+  WarpGroupOp& op = l.wgops[group];
+  WgmmaLane& me = op.lane[t];
+  me.d = d;
+  if (a) std::memcpy(me.a, a, sizeof me.a);
+  me.a_desc = a_desc;
+  me.b_desc = b_desc;
+  me.n = n;
+  me.scale_d = scale_d;
+  me.line = line;
+  me.bf16 = bf16;
+  me.a_regs = a != nullptr;
+  me.b_mn_major = b_mn_major;
+  if (++op.arrived < 128) {
+    f.wait_what = "wgmma";
+    f.wait_file = "";
+    f.wait_line = line;
+    set_state(f, AT_WARP_OP);
+    yield_to_scheduler();
+    return;
+  }
+  for (int i = 0; i < 128; ++i) {
+    const WgmmaLane& o = op.lane[i];
+    if (o.n != n || o.bf16 != bf16 || o.a_regs != me.a_regs || o.b_mn_major != b_mn_major ||
+        o.a_desc != a_desc || o.b_desc != b_desc || o.scale_d != scale_d) {
+      fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": the threads of warpgroup " +
+           std::to_string(group) + " meet at different wgmma (line " + std::to_string(o.line) +
+           ", thread " + std::to_string(group * 128 + i) + ", and line " + std::to_string(line) +
+           ") or with different descriptors or scale-d: one wgmma is one instruction of all "
+           "128 threads");
+    }
+  }
+  wgmma_compute(op);
+  op.arrived = 0;
+  for (int i = 0; i < 128; ++i) {
+    Fiber& o = l.fibers[group * 128 + i];
+    if (&o != &f && o.state == AT_WARP_OP) set_state(o, RUNNABLE);
+  }
+}
+
+void wgmma_deadlock(Launch& l, const char* head) {
+  for (size_t g = 0; g < l.wgops.size(); ++g) {
+    const WarpGroupOp& op = l.wgops[g];
+    if (!op.arrived) continue;
+    std::vector<int> waiting, missing;
+    std::string why;
+    for (int i = 0; i < 128; ++i) {
+      const Fiber& f = l.fibers[g * 128 + i];
+      if (f.state == AT_WARP_OP && f.wait_what && std::strcmp(f.wait_what, "wgmma") == 0) {
+        waiting.push_back(f.linear);
+      } else {
+        missing.push_back(f.linear);
+        if (why.empty())
+          why = f.state == DONE ? "exited"
+                                : std::string("waits at ") + (f.wait_what ? f.wait_what : "?") +
+                                      " (line " + std::to_string(f.wait_line) + ")";
+      }
+    }
+    fail(head + std::string("deadlock: threads ") + thread_list(waiting) + " wait in wgmma at line " +
+         std::to_string(op.lane[waiting.empty() ? 0 : waiting[0] % 128].line) + " for threads " +
+         thread_list(missing) + " of their warpgroup, which never arrive (the first " + why +
+         "). All 128 threads of a warpgroup issue every wgmma together.");
+  }
+}
+
 }  // namespace pagedlab_emu
 
 // ----------------------------------------------------------------------------- launch
@@ -1030,6 +1562,7 @@ inline bool make_region(Region& r, const BufferArg& b) {
   r.elem_size = b.elem_size > 0 ? b.elem_size : 1;
   r.is_const = b.is_const != 0;
   r.name = b.name;
+  r.host_addr = b.host;
   if (lazy) {
     r.lazy = true;
     r.host = reinterpret_cast<const unsigned char*>(b.host);
@@ -1095,7 +1628,11 @@ inline void run_block(Launch& l) {
   ++race().epoch;  // another block's shared memory: nothing before is related
   for (Warp& w : l.warps) w.arrived = 0;
   l.n_runnable = l.num_threads;
-  l.n_barrier = l.n_warp = l.n_done = 0;
+  l.n_barrier = l.n_warp = l.n_done = l.n_mbar = l.n_named = 0;
+  l.mbars.clear();
+  l.tma.clear();
+  for (int i = 0; i < 16; ++i) l.named_waiting[i] = l.named_count[i] = 0;
+  l.wgops.assign((l.num_threads + 127) / 128, WarpGroupOp{});
   for (Fiber& f : l.fibers) {
     f.state = RUNNABLE;
     f.copies.clear();
@@ -1119,6 +1656,7 @@ inline void run_block(Launch& l) {
     current_ref() = nullptr;
     if (l.n_runnable == 0 && l.n_done < l.num_threads) resolve_block(l);
   }
+  if (!l.tma.empty()) land_all_tma(l);  // copies no thread waited for still land
 }
 
 }  // namespace pagedlab_emu
@@ -1175,6 +1713,8 @@ extern "C" PL_EXPORT int pagedlab_emu_run(const pagedlab_emu::KernelEntry* k,
     } else if (args[i].kind == 2) {
       ptrs[i] = reinterpret_cast<void*>(args[i].value);
       argv[i] = &ptrs[i];
+    } else if (args[i].kind == 3) {  // a struct by value: its bytes live at `value`
+      argv[i] = reinterpret_cast<void*>(args[i].value);
     } else {
       argv[i] = const_cast<unsigned long long*>(&args[i].value);
     }
