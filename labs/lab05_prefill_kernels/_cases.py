@@ -25,7 +25,8 @@ from reference.oracle import paged_prefill_ref
 KERNELS = ("naive", "tiled", "tc")
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 1.5e-2}
 #: The period :func:`emulated_length` keeps, per kernel: the tiled and tensor-core kernels cut
-#: queries and keys into 64-row tiles (a multiple of the 16- and 32-token blocks); the naive
+#: queries and keys into 64-row tiles (a multiple of the 16- and 32-token blocks), the Hopper
+#: kernel into 128-row tiles and 128-key tiles; the naive
 #: kernel has no tiles, only blocks, and is the slowest to emulate (a CTA per query token, five
 #: shuffles per score, three passes over the keys).
 EMU_PERIOD = {"naive": 32, "tiled": 64, "tc": 64, "wgmma": 128}
@@ -58,7 +59,7 @@ def sized(lengths, kernel: str | None) -> list[int]:
 
     Args:
         lengths: query or history lengths (ints >= 0).
-        kernel: ``"naive"``, ``"tiled"`` or ``"tc"`` (its tile sets the period kept); None keeps
+        kernel: ``"naive"``, ``"tiled"``, ``"tc"`` or ``"wgmma"`` (its tile sets the period kept); None keeps
             the lengths as written also under emulation.
 
     Returns:

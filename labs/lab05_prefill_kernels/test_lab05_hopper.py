@@ -1,4 +1,4 @@
-"""Lab 5, part D (Hopper GPU): the wgmma kernel (Task 5.6) against the float64 oracle, and its
+"""Lab 5, part D (Hopper GPU or the emulated device): the wgmma kernel (Task 5.6) against the float64 oracle, and its
 refusal on other GPUs.
 
 The kernel tests run on a Hopper GPU (compute capability 9.0: H100, H200) and on the emulated
@@ -31,7 +31,8 @@ def hopper_skip_reason() -> str | None:
 
     major, minor = device_capability()
     if (major, minor) != (9, 0):
-        return f"Task 5.6 needs a Hopper GPU (compute capability 9.0); this GPU is {major}.{minor}"
+        return (f"Task 5.6 needs a Hopper GPU (compute capability 9.0); this GPU is {major}.{minor}: "
+                "run with PAGEDLAB_DEVICE=emulate to test it on the CPU")
     return None
 
 

@@ -2,7 +2,8 @@
 // and its fences, the shared-memory matrix descriptor, and the mbarrier calls that hand pipeline
 // stages between threads. Trusted code, like pagedlab_ptx.cuh:
 // Lab 5's Hopper stage (prefill_wgmma.cu) uses these, students do not write them. Files that use
-// them are compiled for sm_90a by reference/cuda.py and refused on other GPUs.
+// them are compiled for sm_90a by reference/cuda.py and refused on other GPUs; on the emulated
+// device the PAGEDLAB_EMULATE branch below is compiled with g++ instead.
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp index divisible by 4). One
 // wgmma computes D (64 x N, fp32, in registers) += A (64 x 16) * B (16 x N), A and B from shared
