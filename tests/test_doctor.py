@@ -80,3 +80,28 @@ def test_doctor_reports_a_missing_numpy_instead_of_dying_of_it(monkeypatch):
     checks = {c.name: c for c in doctor.run_checks(gpu=False)}
     assert "nvcc" in checks
     assert not checks["torch"].ok and checks["torch"].fix
+
+
+@pytest.mark.parametrize("has_cxx", [True, False], ids=["g++", "no-g++"])
+def test_without_a_gpu_the_kernel_labs_run_on_the_emulated_device_when_gxx_is_there(
+        monkeypatch, has_cxx):
+    """No GPU: with g++ (the emulated device's compiler) doctor says Labs 4-5 run fully on the
+    emulated device; without it, that only their CPU part runs, and how to get g++."""
+    from reference import emulate
+
+    real_which = doctor.shutil.which
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: (
+        ("/usr/bin/" + name if has_cxx else None) if name == emulate.CXX else real_which(name)))
+    checks = doctor.run_checks(gpu=False)
+    cxx = {c.name: c for c in checks}["C++ compiler"]
+    assert cxx.ok == has_cxx and not cxx.required
+    verdicts = {lab: verdict for lab, needs, verdict in doctor.lab_verdicts(checks)
+                if needs == "GPU-REQ"}
+    assert verdicts, "Labs 4-5 are GPU-REQ"
+    for lab, verdict in verdicts.items():
+        if not all(c.ok for c in checks if c.required):
+            continue  # this machine lacks a required package: "cannot run" comes first
+        want = "runs fully on the emulated device" if has_cxx else "CPU part only"
+        assert want in verdict, (lab, verdict)
+    if not has_cxx:
+        assert "g++" in cxx.fix, cxx.fix

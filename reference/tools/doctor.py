@@ -1,8 +1,10 @@
 """``pagedlab doctor``: what this machine has, and which labs can run here.
 
 Checks Python, the packages the tests need, the notebook extra, the GPU stack (torch's CUDA,
-CuPy, the driver, NVRTC, nvcc) and the GPU itself, then says per lab whether it runs fully,
-runs its CPU part only (GPU tests skip), or cannot run — with the command that fixes each miss.
+CuPy, the driver, NVRTC, nvcc), the GPU itself and the C++ compiler of the emulated device,
+then says per lab whether it runs fully, runs fully on the emulated device (no GPU, g++:
+correctness, not speed), runs its CPU part only (GPU tests skip), or cannot run — with the
+command that fixes each miss.
 Every command fits the machine it runs on: without an NVIDIA GPU it never recommends a CUDA
 build (of torch or CuPy); on Linux it recommends torch's CPU build instead.
 
@@ -78,8 +80,8 @@ def install_gpu() -> str:
             f"{_pip()} install -e '.[gpu-cu12]' (CUDA 12 drivers)")
 
 
-NO_GPU_FIX = ("none here: no NVIDIA GPU on this machine (Labs 4-5 grade their CPU part; "
-              "their GPU tests need a machine with one)")
+NO_GPU_FIX = ("none here: no NVIDIA GPU on this machine (Labs 4-5's kernel tests run on the "
+              "emulated device if g++ is found, below; timing needs a GPU)")
 
 
 @dataclass
@@ -203,6 +205,20 @@ def check_nvcc() -> Check:
     return Check("nvcc", True, (out.strip().splitlines() or [nvcc])[-1], required=False)
 
 
+def check_emulator() -> Check:
+    """g++, the emulated device's compiler: with it, Labs 4-5's kernel tests run on the CPU."""
+    from reference.emulate import CXX
+
+    cxx = shutil.which(CXX)
+    if not cxx:
+        return Check("C++ compiler", False, f"{CXX} not found (the emulated device compiles the "
+                     "kernels with it)", f"install {CXX} (e.g. apt install g++) to run Labs 4-5's "
+                     "kernel tests on the CPU", required=False)
+    return Check("C++ compiler", True, f"{cxx}: the emulated device can run Labs 4-5's kernels",
+                 "pagedlab grade 4 5 emulates by itself without a GPU; elsewhere set "
+                 "PAGEDLAB_DEVICE=emulate (pytest -m emulated)", required=False)
+
+
 def check_notebooks() -> list[Check]:
     """The notebook extra: Jupyter's kernel and matplotlib (every notebook plots)."""
     fix = f"{_pip()} install -e '.[notebooks]'  (the notebooks in notebooks/)"
@@ -228,7 +244,7 @@ def run_checks(gpu: bool | None = None) -> list[Check]:
                _package("pytest-timeout", "pytest-timeout",
                         required=False, fix=install_dev() + "  (per-test time limits when grading)")]
     checks += check_notebooks()
-    checks += [check_driver(), *check_cupy(gpu), check_nvcc()]
+    checks += [check_driver(), *check_cupy(gpu), check_nvcc(), check_emulator()]
     return checks
 
 
@@ -244,7 +260,14 @@ def lab_verdicts(checks: list[Check]) -> list[tuple[str, str, str]]:
             verdict = "cannot run: " + ", ".join(c.name for c in checks if c.required and not c.ok)
         elif needs == "GPU-REQ" and not gpu_ok:
             missing = ", ".join(n for n in ("GPU", "CuPy") if not by_name[n].ok)
-            verdict = f"CPU part only: its GPU tests skip here (missing: {missing})"
+            # NOTE: grading emulates only where there is no GPU (a GPU without CuPy is fixed
+            # by installing CuPy, not by emulating).
+            if not by_name["GPU"].ok and by_name.get("C++ compiler") is not None \
+                    and by_name["C++ compiler"].ok:
+                verdict = (f"runs fully on the emulated device (correctness, not speed; missing "
+                           f"for the GPU: {missing})")
+            else:
+                verdict = f"CPU part only: its GPU tests skip here (missing: {missing})"
         else:
             verdict = "runs fully"
         out.append((lab, needs, verdict))
