@@ -355,6 +355,8 @@ HOPPER_MISTAKES = {
     "barrier overwritten": ("if (threadIdx.x == 0) { mbar_init(bar, 1); smem[16384] = 7; }\n"
                             "__syncthreads(); mbar_arrive(bar);", "something overwrote"),
     "named barrier 0": ("named_bar_sync(0, 128);", "the id must be 1..15"),
+    "named barrier of part of a warp": ("if (threadIdx.x % 32 < 16) named_bar_sync(1, 64);",
+                                        "executed by whole warps"),
     "a TMA box off its swizzle period": ("if (threadIdx.x == 0) { mbar_init(bar, 1);\n"
                                          "tma_load_2d(sa + 128, amap, 0, 0, bar); }",
                                          "must start 1024-byte aligned"),
@@ -367,7 +369,8 @@ HOPPER_MISTAKES = {
 @pytest.mark.parametrize("mistake", sorted(HOPPER_MISTAKES))
 def test_hopper_mistakes_are_named(tmp_path, mistake):
     """Misused mbarriers, named barriers and TMA loads stop with an error that says what went
-    wrong (an uninitialised or overwritten barrier, barrier id 0, a box
+    wrong (an uninitialised or overwritten barrier, barrier id 0 or half a warp at a named
+    barrier, a box
     misaligned or outside the launch's shared memory) instead of a wrong answer or a hang."""
     body, expect = HOPPER_MISTAKES[mistake]
     k = kernel(tmp_path, '''

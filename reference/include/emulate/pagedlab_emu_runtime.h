@@ -1192,6 +1192,20 @@ void named_bar_sync(int id, int count, int line) {
   }
   l.named_count[id] = count;
   if (++l.named_waiting[id] == count) {
+    // bar.sync is .aligned: every thread of a warp executes it, so the count is met by whole
+    // warps. Counted here thread by thread, a warp that only partly arrived is a kernel bug.
+    std::vector<int> per_warp(l.warps.size(), 0);
+    for (const Fiber& o : l.fibers)
+      if ((o.state == AT_NAMED && o.named_id == id) || &o == &f) ++per_warp[o.warp];
+    for (size_t w = 0; w < per_warp.size(); ++w) {
+      if (per_warp[w] && per_warp[w] != __builtin_popcount(l.warps[w].exists)) {
+        fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": named barrier " +
+             std::to_string(id) + " (line " + std::to_string(line) + ") completed its count of " +
+             std::to_string(count) + " with only " + std::to_string(per_warp[w]) +
+             " threads of warp " + std::to_string(w) + ": bar.sync is executed by whole warps "
+             "(call named_bar_sync outside any branch that splits a warp)");
+      }
+    }
     l.named_waiting[id] = 0;
     for (Fiber& o : l.fibers)
       if (o.state == AT_NAMED && o.named_id == id) set_state(o, RUNNABLE);
