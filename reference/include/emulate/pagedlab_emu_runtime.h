@@ -907,6 +907,11 @@ void cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
                      race().epoch, __builtin_return_address(0)});
   (void)bytes;
 }
+// A cp.async copy lands: its source bytes, then zeros to 16 (src_bytes < 16 zero-fills).
+inline void land_copy(const PendingCopy& c) {
+  if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+}
 inline void cp_async_finish(Fiber& f, int keep_groups) {
   // Complete every copy of a committed group older than the newest `keep_groups`.
   const int limit = f.committed - keep_groups;
@@ -914,8 +919,7 @@ inline void cp_async_finish(Fiber& f, int keep_groups) {
   for (size_t i = 0; i < f.copies.size(); ++i) {
     PendingCopy& c = f.copies[i];
     if (c.group < limit || keep_groups < 0) {
-      if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
-      std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+      land_copy(c);
       if (race().base) race_async_landing(c, f);
     } else {
       f.copies[kept++] = c;
@@ -937,6 +941,22 @@ inline std::string hex(unsigned v) {
   char b[16];
   std::snprintf(b, sizeof b, "0x%x", v);
   return b;
+}
+
+// The shared-memory swizzles of TMA and wgmma (mode 1: 128-byte, 2: 64-byte, 3: 32-byte, 0:
+// none): the 16-byte chunk bits of the address XORed with the row bits above them.
+inline unsigned swizzle(unsigned a, int mode) {
+  static const unsigned rows[4] = {0u, 7u, 3u, 1u};
+  return a ^ (((a >> 7) & rows[mode & 3]) << 4);
+}
+
+// Kernels that use Hopper's synchronisation are refused under racecheck, whose barrier epochs
+// do not model mbarriers, named barriers, TMA or wgmma.
+inline void refuse_racecheck() {
+  if (race().on) {
+    fail(std::string("kernel ") + L().kernel + ": the emulator's racecheck does not model "
+         "mbarriers, named barriers, TMA or wgmma (Lab 5.6); run this kernel without racecheck");
+  }
 }
 
 inline Mbar* find_mbar(unsigned addr) {
@@ -978,10 +998,7 @@ inline Mbar& mbar_at(unsigned addr, const char* what) {
 }
 
 void mbar_init(unsigned addr, unsigned count, int line) {
-  if (race().on) {
-    fail(std::string("kernel ") + L().kernel + ": the emulator's racecheck does not model "
-         "mbarriers, TMA or wgmma (Lab 5.6); run this kernel without racecheck");
-  }
+  refuse_racecheck();
   unsigned char* p = hopper_shared(addr, 8, "mbar_init", line);
   if (addr % 8) {
     fail(std::string("kernel ") + L().kernel + ", " + where(cur()) + ": mbar_init at line " +
@@ -1008,10 +1025,7 @@ void mbar_init(unsigned addr, unsigned count, int line) {
 inline void mbar_maybe_complete(Mbar& m) {
   if (m.pending != 0 || m.tx != 0) return;
   // cp.async copies handed to this barrier land with the phase that waits for them.
-  for (const PendingCopy& c : m.copies) {
-    if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
-    std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
-  }
+  for (const PendingCopy& c : m.copies) land_copy(c);
   m.copies.clear();
   ++m.phase;
   m.pending = m.count;
@@ -1082,11 +1096,7 @@ inline void land_tma(Launch& l, const TmaCopy& c) {
             if (x[d] < 0 || (unsigned long long)x[d] >= dims[d]) in = false;
             else off += (unsigned long long)x[d] * stride[d];
           }
-          unsigned a = c.dst + unsigned(n * elem);
-          if (swz == 1) a ^= ((a >> 7) & 7u) << 4;       // 128-byte swizzle
-          else if (swz == 2) a ^= ((a >> 7) & 3u) << 4;  // 64-byte
-          else if (swz == 3) a ^= ((a >> 7) & 1u) << 4;  // 32-byte
-          unsigned char* p = l.arena + a;
+          unsigned char* p = l.arena + swizzle(c.dst + unsigned(n * elem), swz);
           if (in) std::memcpy(p, c.base + off, elem);
           else std::memset(p, 0, elem);  // out of bounds: zero fill (the bytes still count)
         }
@@ -1174,10 +1184,7 @@ void mbar_wait(unsigned addr, unsigned parity, int line) {
 void named_bar_sync(int id, int count, int line) {
   Launch& l = L();
   Fiber& f = cur();
-  if (race().on) {
-    fail(std::string("kernel ") + l.kernel + ": the emulator's racecheck does not model named "
-         "barriers, mbarriers, TMA or wgmma (Lab 5.6); run this kernel without racecheck");
-  }
+  refuse_racecheck();
   if (id < 1 || id > 15 || count <= 0 || count % 32 || count > l.num_threads) {
     fail(std::string("kernel ") + l.kernel + ", " + where(f) + ": named_bar_sync(" +
          std::to_string(id) + ", " + std::to_string(count) + ") at line " + std::to_string(line) +
@@ -1284,10 +1291,7 @@ inline unsigned desc_addr(unsigned long long desc, int mn, int k, bool mn_major)
     if (swz == 0) a = start + (mn / 8) * stride + (mn % 8) * 2 + (k / 8) * lead + (k % 8) * 16;
     else a = start + (mn / per_row) * lead + (mn % per_row) * 2 + (k / 8) * stride + (k % 8) * width;
   }
-  if (swz == 1) a ^= ((a >> 7) & 7u) << 4;
-  else if (swz == 2) a ^= ((a >> 7) & 3u) << 4;
-  else if (swz == 3) a ^= ((a >> 7) & 1u) << 4;
-  return a;
+  return swizzle(a, swz);
 }
 
 inline float smem_half(unsigned addr, bool bf16, int line) {
@@ -1343,10 +1347,7 @@ void wgmma(int n, bool bf16, float* d, const unsigned* a, unsigned long long a_d
          std::to_string(line) + " in a warpgroup that is not whole (the block has " +
          std::to_string(l.num_threads) + " threads; warpgroups are 128 consecutive threads)");
   }
-  if (race().on) {
-    fail(std::string("kernel ") + l.kernel + ": the emulator's racecheck does not model wgmma, "
-         "mbarriers or TMA (Lab 5.6); run this kernel without racecheck");
-  }
+  refuse_racecheck();
   WarpGroupOp& op = l.wgops[group];
   WgmmaLane& me = op.lane[t];
   me.d = d;
