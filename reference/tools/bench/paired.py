@@ -1,0 +1,120 @@
+"""Paired timings: "× FlashInfer" verdicts that the GPU's drift cannot decide.
+
+Two kernels at the same hardware ceiling differ by 0-3 %, about as much as one GPU's own
+speed drifts between two measurements a few seconds apart: on an H200 (2026-11-29) FlashInfer's
+D1 decode read 251, 261 and 258 µs in three rounds of one process, and our kernel beside it
+252, 270 and 257. A ratio of two figures taken at different moments then reports *when* they
+were taken. So the benchmarks' verdicts time the contenders in alternation, round after round
+(the order rotated every round, so that neither side always goes first), and take a ratio per
+round: drift moves both sides of a round's ratio alike. The verdict's figure is the median
+round; the lowest and highest rounds are reported beside it, so a reader sees the spread.
+
+* :func:`paired_times` times several launchers in alternating rounds (CUDA-graph replays or
+  eager back-to-back calls);
+* :func:`round_ratios` and :func:`summary` turn them into "× reference" per round, and its
+  median and range (pure functions: tested without a GPU);
+* :func:`verdict` is one target check (figure, target, met).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+
+def _graph_timer(fn: Callable, calls: int = 10) -> Callable[[], float]:
+    """Captures ``calls`` back-to-back calls of ``fn`` in a CUDA graph; returns a function
+    timing its replays (µs per call, median of 3 event pairs)."""
+    import torch
+
+    from reference.tools.bench._gpu import time_cuda
+
+    side = torch.cuda.Stream()  # warm up off the capture stream, as torch's graph docs ask
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    iters = max(2, 200 // calls)
+    timer = lambda: time_cuda(graph.replay, warmup=1, iters=iters, repeats=3) / calls  # noqa: E731
+    timer.graph = graph  # the graph must live as long as its timer
+    return timer
+
+
+def _eager_timer(fn: Callable) -> Callable[[], float]:
+    """Returns a function timing back-to-back eager calls of ``fn`` (µs per call, CUDA events:
+    the slower of the host path and the kernel, what an uncaptured loop sees)."""
+    from reference.tools.bench._gpu import time_cuda
+
+    return lambda: time_cuda(fn, warmup=2, iters=20, repeats=3)
+
+
+def paired_times(fns: Mapping[str, Callable], *, rounds: int = 5,
+                 graph: bool = True) -> dict[str, list[float]]:
+    """Times launchers in alternation: in each round every one once, the order rotated.
+
+    Args:
+        fns: name -> a launcher (launches on the current torch stream, no host sync inside).
+        rounds: rounds timed (5: the median is the third).
+        graph: time CUDA-graph replays of 10 back-to-back calls (kernel time, no launch gaps);
+            False: eager back-to-back calls.
+
+    Returns:
+        name -> µs per call, one figure per round.
+    """
+    names = list(fns)
+    timers = {n: (_graph_timer(fns[n]) if graph else _eager_timer(fns[n])) for n in names}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        shift = r % max(1, len(names))
+        for n in names[shift:] + names[:shift]:
+            times[n].append(timers[n]())
+    return times
+
+
+def round_ratios(times: Mapping[str, Sequence[float]], ours: str,
+                 references: Sequence[str]) -> list[float]:
+    """Per round, "× reference": the fastest reference's time over ours (> 1: ours is faster).
+
+    Args:
+        times: name -> µs per round (:func:`paired_times`).
+        ours: the name timed against the references.
+        references: the contenders; each round takes the fastest of them (FlashInfer's best of
+            its two decode paths, as a user would pick).
+
+    Returns:
+        One ratio per round.
+
+    Raises:
+        ValueError: no reference, or the names' round counts differ.
+    """
+    if not references:
+        raise ValueError("round_ratios needs at least one reference")
+    n = len(times[ours])
+    if any(len(times[ref]) != n for ref in references):
+        raise ValueError("every name must have one time per round")
+    return [min(times[ref][r] for ref in references) / times[ours][r] for r in range(n)]
+
+
+def summary(ratios: Sequence[float]) -> dict:
+    """Returns ``{"x": median, "low": min, "high": max, "rounds": n}`` of per-round ratios."""
+    if not ratios:
+        raise ValueError("summary needs at least one round")
+    return {"x": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
+            "rounds": len(ratios)}
+
+
+def verdict(figure: float | None, target: float, *, at_most: bool = False) -> dict:
+    """One target check: ``{"figure", "target", "met"}`` (``met`` None when not measured).
+
+    Args:
+        figure: the measured figure (a ratio, or µs), None when it was not measured.
+        target: the bound.
+        at_most: the figure must be <= target (host µs); else >= target (ratios).
+    """
+    met = None if figure is None else (figure <= target if at_most else figure >= target)
+    return {"figure": figure, "target": target, "met": met}
