@@ -407,8 +407,9 @@ def _address(x) -> int:
     """A GPU tensor's address as a plain int.
 
     NOTE: an int, not ``np.uint64``: building a NumPy scalar cost 0.4 µs per tensor on the
-    H200 machines' host (2026-11-29), 2.4 of a decode run's 8 µs of Python; the packed parameter
-    block stores an int as it is, and the slow path converts it (:meth:`KernelLaunch.launch_with`).
+    H200 machines' host (2026-11-29), six of them per decode run; without them ``run``'s Python
+    fell from 6.1 to 4.4 µs here (``pagedlab bench host_cost``). The packed parameter block
+    stores an int as it is, and the slow path converts it (:meth:`KernelLaunch.launch_with`).
     """
     return x.data_ptr()
 

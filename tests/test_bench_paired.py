@@ -5,7 +5,7 @@ the right bound (CPU only: the rounds' times are written by hand)."""
 import pytest
 
 from reference.tools.bench import decode, prefill
-from reference.tools.bench.paired import round_ratios, summary, verdict
+from reference.tools.bench.paired import round_orders, round_ratios, summary, verdict
 
 
 def test_a_rounds_ratio_uses_the_fastest_reference_of_that_round():
@@ -23,6 +23,27 @@ def test_drift_that_moves_both_sides_leaves_the_ratio_alone():
     assert s["x"] == pytest.approx(1.02)
     assert s["low"] == pytest.approx(1.02) and s["high"] == pytest.approx(1.02)
     assert s["rounds"] == 3
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_round_orders_balance_position_and_predecessor(n):
+    """Every contender holds every position equally often and directly follows every other
+    contender equally often (a plain rotation fails the second: its neighbours never change)."""
+    orders = round_orders(n)
+    assert len(orders) >= 6 and all(sorted(o) == list(range(n)) for o in orders)
+    for pos in range(n):
+        counts = [sum(o[pos] == c for o in orders) for c in range(n)]
+        assert len(set(counts)) == 1, f"position {pos}: {counts}"
+    follows = {(a, b): 0 for a in range(n) for b in range(n) if a != b}
+    for o in orders:
+        for a, b in zip(o, o[1:]):
+            follows[(a, b)] += 1
+    assert len(set(follows.values())) == 1, follows
+
+
+def test_round_ratios_ignore_the_recorded_orders():
+    times = {"ours": [100.0, 100.0], "fi": [101.0, 99.0], "_orders": [["ours", "fi"], ["fi", "ours"]]}
+    assert round_ratios(times, "ours", ["fi"]) == pytest.approx([1.01, 0.99])
 
 
 def test_summary_is_the_median_with_its_range():
@@ -68,12 +89,26 @@ def test_decode_targets_read_the_paired_rounds_and_the_plan_runs_host_time():
     assert v["graph"]["met"] is None and v["host_us"]["met"] is None and "ceiling" not in v
 
 
+def test_decode_targets_need_only_the_plan_run_row():
+    """``--methods "paged_attention plan.run"`` times no one-call row: the verdicts still come,
+    without a copy-ceiling share; failed paired rounds leave the ratios unmeasured (None)."""
+    rows = [{"workload": "D1", "method": decode.PLAN_RUN, "us": 250.0, "host_us": 20.0},
+            {"workload": "D2", "method": decode.PLAN_RUN, "us": 250.0, "host_us": 20.0}]
+    pairs = [{"workload": "D1", "graph": summary([1.02]), "eager": summary([1.01])},
+             {"workload": "D2", "error": "RuntimeError: capture failed"}]
+    d1, d2 = decode.target_report(rows, pairs)
+    assert d1["graph"]["met"] is True and d1["pct_ceiling"] is None and "ceiling" not in d1
+    assert d2["graph"]["met"] is None and d2["host_us"]["met"] is True
+
+
 def test_prefill_targets_pair_each_stage_with_its_own_reference():
     """tc is held to 0.85 x FlashInfer's fa2 backend and wgmma to 1.0 x FlashInfer's default;
     a workload marked ``targets = false`` (P6) is left out of the report."""
     workloads = [{"name": "P1"}, {"name": "P6", "targets": False}]
     rows = [{"workload": w, "impl": f"{k} plan.run", "host_us": h}
             for w in ("P1", "P6") for k, h in (("tc", 20.0), ("wgmma", 40.0))]
+    rows += [{"workload": "P1", "impl": "FlashInfer", "backend": "fa3"},
+             {"workload": "P1", "impl": "FlashInfer fa2", "backend": "fa2"}]
     pairs = [{"workload": "P1",
               "tc plan.run": {"reference": "FlashInfer fa2", "graph": summary([0.86])},
               "wgmma plan.run": {"reference": "FlashInfer", "graph": summary([0.99])}}]
@@ -84,6 +119,9 @@ def test_prefill_targets_pair_each_stage_with_its_own_reference():
     assert tc["x"] == {"figure": 0.86, "target": 0.85, "met": True}
     assert wgmma["x"] == {"figure": 0.99, "target": 1.0, "met": False}
     assert tc["host_us"]["met"] is True and wgmma["host_us"]["met"] is False
+    assert (tc["reference_backend"], wgmma["reference_backend"]) == ("fa2", "fa3")
+    failed = prefill.target_report(workloads[:1], rows, [{"workload": "P1", "error": "boom"}])
+    assert all(t["x"]["met"] is None and t["error"] == "boom" for t in failed)
 
 
 def test_prefill_p6_is_outside_the_targets():
@@ -92,3 +130,22 @@ def test_prefill_p6_is_outside_the_targets():
     assert [w["name"] for w in workloads if w.get("targets") is not False] == [
         "P1", "P2", "P3", "P4", "P5"]
 
+
+
+def test_the_verdict_lines_print_for_every_kind_of_entry(capsys):
+    """Measured, unmeasured and failed entries all print a line (no crash on a None figure)."""
+    rows = [{"workload": "D1", "method": "paged_attention", "us": 1.0, "pct_ceiling": 99.0},
+            {"workload": "D1", "method": decode.PLAN_RUN, "us": 1.0, "host_us": 20.0},
+            {"workload": "D2", "method": decode.PLAN_RUN, "us": 1.0},
+            {"workload": "V", "method": decode.PLAN_RUN, "us": 1.0}]
+    pairs = [{"workload": "D1", "graph": summary([1.0]), "eager": summary([0.9])},
+             {"workload": "D2", "error": "RuntimeError: capture failed"}]
+    decode.print_targets(decode.target_report(rows, pairs), pairs)
+    out = capsys.readouterr().out
+    assert "D1  graph 1.000" in out and "eager 0.900" in out and "MISSED" in out
+    assert "D2  paired rounds failed (RuntimeError: capture failed)" in out
+    assert "V   not paired" in out
+    report = prefill.target_report([{"name": "P1"}], [{"workload": "P1", "impl": "tc plan.run"}],
+                                   [])
+    prefill.print_targets(report)
+    assert "not paired: no FlashInfer fa2 timed as a graph" in capsys.readouterr().out

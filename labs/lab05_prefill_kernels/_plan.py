@@ -20,8 +20,6 @@ layer. Unlike decode, the work list depends on the values of ``cu_seqlens_q`` an
 
 from __future__ import annotations
 
-import numpy as np
-
 from labs.lab05_prefill_kernels._launch import TC_TILING, TcTiling, check_block_ids, host_ints
 from reference.checks import debug_enabled
 from reference.cuda import as_torch, like_input
@@ -152,7 +150,7 @@ class PrefillPlan(FrozenPlan):
         if (alibi_slopes is None) != (self._alibi_spec is None):
             raise ValueError("alibi_slopes must be given exactly when the plan was made with "
                              "them (the kernel's ALiBi path is chosen at plan time)")
-        ptrs.append(np.uint64(0) if alibi_slopes is None
+        ptrs.append(0 if alibi_slopes is None
                     else ptr(check_like("alibi_slopes", alibi_slopes, self._alibi_spec)))
         if out is None:
             import torch

@@ -25,9 +25,10 @@ call without a sync: ``time.perf_counter`` around 200 calls queued behind 50 ms 
 Targets (``decode_workloads.py``), checked at the end of the run: ``plan.run`` at least 1.0 x
 FlashInfer's best path, as graph replays and as eager calls, with at most 25 µs of host time per
 call; ``paged_attention`` at its share of the copy ceiling. The "× FlashInfer" of a verdict
-is not the table's (each method timed once, one after another) but the median of 5 rounds in
-which ``plan.run``, ``paged_attention`` and both FlashInfer paths are timed in alternation
-(``paired.py`` says why); the JSON's ``paired`` keeps every round.
+is not the table's (each method timed once, one after another) but the median of rounds in
+which ``plan.run``, ``paged_attention`` and both FlashInfer paths are timed in turn, in
+orders balanced for position and predecessor (8 rounds as graphs, 6 eager; ``paired.py`` says
+why); the JSON's ``paired`` keeps every round and its order.
 """
 
 from __future__ import annotations
@@ -229,7 +230,11 @@ def run_workload(w: DecodeWorkload, impl, fi, ceiling: float, variants: bool,
             row["kernel"] = dispatched_kernel(impl, batch)
     _add_ratios(rows)
     if paired is not None:
-        entry = paired_rounds(w.name, {name: fn for name, fn, _ in methods if fn is not None})
+        # Only launchers the table timed as graphs: one that failed, or fell back to eager
+        # timing (its capture failed, e.g. PAGEDLAB_DEBUG's device reads), is left out.
+        graphed = {r["method"] for r in rows if r.get("timing") == "graph"}
+        entry = paired_rounds(w.name, {name: fn for name, fn, _ in methods
+                                       if fn is not None and name in graphed})
         if entry is not None:
             paired.append(entry)
     del batch, args, methods, ref
@@ -409,24 +414,33 @@ FLASHINFER_METHODS = ("flashinfer", "flashinfer-tc")
 def paired_rounds(workload: str, fns: dict) -> dict | None:
     """The production path against FlashInfer's best, timed in alternation (``paired.py``).
 
-    Graph replays: ``plan.run``, the one-call ``paged_attention`` and both FlashInfer paths;
-    eager calls: ``plan.run`` and both FlashInfer paths. 5 rounds each.
+    Graph replays: ``plan.run``, the one-call ``paged_attention`` and both FlashInfer paths
+    (8 rounds); eager calls: ``plan.run`` and both FlashInfer paths (6 rounds).
 
     Returns:
         ``{"workload", "graph", "one_call_graph", "eager", "times"}`` (each a :func:`summary` of
-        "× FlashInfer best" per round), or None without FlashInfer or a plan.
+        "× FlashInfer best" per round; ``times`` keeps every round and its order), None without
+        FlashInfer or a plan, or ``{"workload", "error"}`` when the rounds failed.
     """
     refs = [m for m in FLASHINFER_METHODS if m in fns]
     if PLAN_RUN not in fns or not refs:
         return None
-    graph = paired_times({m: fns[m] for m in (PLAN_RUN, "paged_attention", *refs) if m in fns})
-    eager = paired_times({m: fns[m] for m in (PLAN_RUN, *refs)}, graph=False)
+    try:
+        graph = paired_times({m: fns[m] for m in (PLAN_RUN, "paged_attention", *refs) if m in fns})
+        eager = paired_times({m: fns[m] for m in (PLAN_RUN, *refs)}, graph=False)
+    except Exception as exc:  # noqa: BLE001 — a verdict not measured is reported, not a crash
+        import torch
+
+        torch.cuda.synchronize()
+        print(f"  {workload:3s} paired rounds failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"workload": workload, "error": f"{type(exc).__name__}: {exc}"[:300]}
     entry = {"workload": workload, "graph": summary(round_ratios(graph, PLAN_RUN, refs)),
              "eager": summary(round_ratios(eager, PLAN_RUN, refs)),
              "times": {"graph": graph, "eager": eager}}
     if "paged_attention" in graph:
         entry["one_call_graph"] = summary(round_ratios(graph, "paged_attention", refs))
-    print(f"  {workload:3s} paired (5 rounds, alternating): plan.run {entry['graph']['x']:.3f} x "
+    print(f"  {workload:3s} paired ({entry['graph']['rounds']} balanced rounds): plan.run "
+          f"{entry['graph']['x']:.3f} x "
           f"FlashInfer best as graphs ({entry['graph']['low']:.3f}-{entry['graph']['high']:.3f}), "
           f"{entry['eager']['x']:.3f} x eager ({entry['eager']['low']:.3f}-"
           f"{entry['eager']['high']:.3f})", flush=True)
@@ -437,19 +451,19 @@ def target_report(rows: list[dict], paired: list[dict] | None = None) -> list[di
     """Per workload: ``paged_attention`` against its share of the copy ceiling, and
     ``plan.run`` against FlashInfer's best (paired rounds, graph and eager) and the host-time
     target. Each check is a :func:`paired.verdict` (``met`` None where not measured)."""
-    by_workload = {p["workload"]: p for p in paired or ()}
+    by_workload = {p["workload"]: p for p in paired or () if "graph" in p}
     report = []
-    for r in rows:
-        if r["method"] != "paged_attention" or "us" not in r:
-            continue
-        name = r["workload"]
-        need = TARGET_OF_CEILING.get(name)
-        p = by_workload.get(name, {})
+    for name in dict.fromkeys(r["workload"] for r in rows
+                              if r["method"] in ("paged_attention", PLAN_RUN) and "us" in r):
+        one_call = next((r for r in rows if r["workload"] == name
+                         and r["method"] == "paged_attention" and "us" in r), None)
+        p = by_workload.get(name)
         host = next((x.get("host_us") for x in rows
                      if x["workload"] == name and x["method"] == PLAN_RUN), None)
-        entry = {"workload": name, "pct_ceiling": r["pct_ceiling"]}
-        if need is not None:
-            entry["ceiling"] = verdict(r["pct_ceiling"], 100 * need)
+        entry = {"workload": name, "pct_ceiling": one_call["pct_ceiling"] if one_call else None}
+        need = TARGET_OF_CEILING.get(name)
+        if need is not None and one_call is not None:
+            entry["ceiling"] = verdict(one_call["pct_ceiling"], 100 * need)
         entry["graph"] = verdict(p["graph"]["x"] if p else None, TARGET_VS_FLASHINFER)
         entry["eager"] = verdict(p["eager"]["x"] if p else None, TARGET_VS_FLASHINFER)
         entry["host_us"] = verdict(host, HOST_US_TARGET, at_most=True)
@@ -464,19 +478,24 @@ def print_targets(report: list[dict], paired: list[dict]) -> None:
     def mark(v):
         return "-" if v["met"] is None else ("ok" if v["met"] else "MISSED")
 
-    print(f"targets: plan.run >= {TARGET_VS_FLASHINFER} x FlashInfer's best (median of 5 "
-          f"alternating rounds, graph and eager), host <= {HOST_US_TARGET:.0f} us per run; "
+    print(f"targets: plan.run >= {TARGET_VS_FLASHINFER} x FlashInfer's best (median of balanced "
+          f"rounds: 8 as graphs, 6 eager), host <= {HOST_US_TARGET:.0f} us per run; "
           f"paged_attention's share of the copy ceiling")
     for t in report:
         p = by_workload.get(t["workload"])
         line = f"  {t['workload']:3s}"
-        if p:
+        if p and "error" in p:
+            line += f" paired rounds failed ({p['error']})"
+        elif p is None:
+            line += " not paired (no FlashInfer, or a launcher not timed as a graph)"
+        else:
             line += (f" graph {p['graph']['x']:.3f} ({p['graph']['low']:.3f}-{p['graph']['high']:.3f}) "
                      f"{mark(t['graph'])}, eager {p['eager']['x']:.3f} ({p['eager']['low']:.3f}-"
                      f"{p['eager']['high']:.3f}) {mark(t['eager'])}")
         if t["host_us"]["figure"] is not None:
             line += f", host {t['host_us']['figure']:.1f} us {mark(t['host_us'])}"
-        line += f", {t['pct_ceiling']:.1f} % of the copy ceiling"
+        if t["pct_ceiling"] is not None:
+            line += f", {t['pct_ceiling']:.1f} % of the copy ceiling"
         if "ceiling" in t:
             line += f" (target {t['ceiling']['target']:.0f} %: {mark(t['ceiling'])})"
         print(line)
@@ -559,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_workload(w, impl, fi, ceiling, args.variants, args.methods, paired)
             # NOTE: written after every workload, so a run cut short still leaves its figures.
             write_results("decode", {"implementation": describe_impl(), "copy_ceiling_gbps": ceiling,
-                                     "rows": rows, "partial": True}, args.out)
+                                     "rows": rows, "paired": paired, "partial": True}, args.out)
     sweep = [] if args.no_sweep else run_sweep(impl, fi)
     groups = run_group_sweep(impl) if args.groups else []
     payload = {

@@ -16,9 +16,10 @@ Targets, on P1-P5 (P6's tiny kernels are reported only): the Hopper stage (wgmma
 stage (mma.sync) at least 0.85 x FlashInfer's fa2 backend, the same instruction (on a GPU
 where FlashInfer's default is fa2 anyway, the two references are one backend), and at most
 35 µs of host time per ``plan.run``. The "×" of a verdict is not the table's (each contender
-timed once, one after another) but the median of 5 rounds in which both ``plan.run`` rows and
-both FlashInfer backends are timed in alternation as graph replays (``paired.py`` says why);
-the JSON's ``paired`` keeps every round, and eager rounds beside them.
+timed once, one after another) but the median of 8 rounds in which both ``plan.run`` rows and
+both FlashInfer backends are timed in turn as graph replays, in orders balanced for position
+and predecessor (``paired.py`` says why); the JSON's ``paired`` keeps every round and its
+order, and 8 eager rounds beside them. Each verdict names the backend FlashInfer ran.
 
 Rows ``tiled plan.run`` / ``tc plan.run`` time ``plan_prefill(...).run`` (made once). The tc
 rows and FlashInfer's also report ``eager µs`` (CUDA events around back-to-back eager calls)
@@ -182,26 +183,38 @@ def plan_run_fn(impl, kernel: str, batch: dict):
 
 
 def paired_rounds(workload: str, launchers: dict) -> dict | None:
-    """Each stage's ``plan.run`` against its reference (:data:`TARGETS`), timed in alternation
-    (``paired.py``): 5 rounds of graph replays, 5 of eager calls.
+    """Each stage's ``plan.run`` against its reference (:data:`TARGETS`), timed in turn in
+    balanced orders (``paired.py``): 8 rounds of graph replays, 8 of eager calls.
+
+    Args:
+        workload: its name.
+        launchers: name -> launcher, only those the table timed as graph replays.
 
     Returns:
         ``{"workload", "<stage> plan.run": {"graph": summary, "eager": summary, "reference"},
-        "times"}``, or None when no stage and its reference were both timed.
+        "times"}``; None when no stage and its reference were both timed; ``{"workload",
+        "error"}`` when the rounds failed.
     """
     pairs = {f"{k} plan.run": ref for k, (ref, _) in TARGETS.items()
              if f"{k} plan.run" in launchers and ref in launchers}
     if not pairs:
         return None
     names = list(dict.fromkeys([*pairs, *pairs.values()]))
-    graph = paired_times({n: launchers[n] for n in names})
-    eager = paired_times({n: launchers[n] for n in names}, graph=False)
+    try:
+        graph = paired_times({n: launchers[n] for n in names})
+        eager = paired_times({n: launchers[n] for n in names}, graph=False)
+    except Exception as exc:  # noqa: BLE001 — a verdict not measured is reported, not a crash
+        import torch
+
+        torch.cuda.synchronize()
+        print(f"  {workload} paired rounds failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"workload": workload, "error": f"{type(exc).__name__}: {exc}"[:300]}
     entry = {"workload": workload, "times": {"graph": graph, "eager": eager}}
     for ours, ref in pairs.items():
         entry[ours] = {"reference": ref, "graph": summary(round_ratios(graph, ours, [ref])),
                        "eager": summary(round_ratios(eager, ours, [ref]))}
         g = entry[ours]["graph"]
-        print(f"  {workload} paired (5 rounds, alternating): {ours} {g['x']:.3f} x {ref} as "
+        print(f"  {workload} paired ({g['rounds']} balanced rounds): {ours} {g['x']:.3f} x {ref} as "
               f"graphs ({g['low']:.3f}-{g['high']:.3f}), {entry[ours]['eager']['x']:.3f} x eager",
               flush=True)
     return entry
@@ -222,8 +235,12 @@ def target_report(workloads: list[dict], rows: list[dict], paired: list[dict]) -
             if row is None:
                 continue
             pair = p.get(ours)
+            ref_row = next((r for r in rows if r["workload"] == wl["name"] and r["impl"] == ref),
+                           {})
             report.append({
                 "workload": wl["name"], "kernel": kernel, "reference": ref,
+                "reference_backend": ref_row.get("backend"),
+                "error": p.get("error"),
                 "x": verdict(pair["graph"]["x"] if pair else None, need),
                 "host_us": verdict(row.get("host_us"), HOST_US_TARGET, at_most=True),
             })
@@ -235,13 +252,17 @@ def print_targets(report: list[dict]) -> None:
     def mark(v):
         return "-" if v["met"] is None else ("met" if v["met"] else "MISSED")
 
-    print(f"targets (median of 5 alternating rounds, graph replays; host <= {HOST_US_TARGET:.0f} "
+    print(f"targets (median of 8 balanced rounds, graph replays; host <= {HOST_US_TARGET:.0f} "
           f"us per plan.run):")
     for t in report:
         x, host = t["x"], t["host_us"]
+        backend = f" [{t['reference_backend']}]" if t.get("reference_backend") else ""
         print(f"  {t['workload']} {t['kernel']:5s} "
-              + (f"{x['figure']:.3f} x {t['reference']} (target >= {x['target']}: {mark(x)})"
-                 if x["figure"] is not None else f"not paired: no {t['reference']}")
+              + (f"{x['figure']:.3f} x {t['reference']}{backend} (target >= {x['target']}: "
+                 f"{mark(x)})"
+                 if x["figure"] is not None
+                 else f"paired rounds failed ({t['error']})" if t.get("error")
+                 else f"not paired: no {t['reference']} timed as a graph")
               + (f", host {host['figure']:.1f} us ({mark(host)})" if host["figure"] is not None
                  else ""))
 
@@ -287,12 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         found: dict[str, dict] = {}
         launchers: dict[str, object] = {}  # name -> fn, for the paired rounds
 
-        def record(name, fn, note="", reference_out=None, costs=False):
+        def record(name, fn, note="", reference_out=None, costs=False, backend=None):
             # CUDA-graph replays: a ~0.2 ms kernel's Python launch path must not be timed.
             us, how, out = measure(fn)
             note = f"{note}; timed: {how}" if note else f"timed: {how}"
             row = {"workload": wl["name"], "impl": name, "us": us, "ms": us / 1e3,
-                   "tflops": flops / (us * 1e-6) / 1e12, "note": note}
+                   "tflops": flops / (us * 1e-6) / 1e12, "timing": how, "note": note}
+            if backend is not None:
+                row["backend"] = backend
             if costs:  # eager back-to-back calls, and host µs per call (_gpu.launch_costs)
                 row.update(launch_costs(fn))
                 note += f"; eager {row['eager_us']:.1f} us, host {row['host_us']:.1f} us"
@@ -301,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["rel_err_vs_sdpa"] = rel_err(out, reference_out)
             rows.append(row)
             found[name] = row
-            launchers[name] = fn
+            if how == "graph":  # the paired rounds replay graphs: a launcher that could not be
+                launchers[name] = fn  # captured (PAGEDLAB_DEBUG's device reads) stays out
             print(f"  {wl['name']} {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  {note}")
             return out
 
@@ -310,13 +334,14 @@ def main(argv: list[str] | None = None) -> int:
         if fi is not None:
             try:
                 fn, backend = flashinfer_fn(fi, batch, cfg, wl)
-                record("FlashInfer", fn, f"paged, backend {backend}", ref, costs=True)
+                record("FlashInfer", fn, f"paged, backend {backend}", ref, costs=True,
+                       backend=backend)
             except Exception as exc:  # noqa: BLE001 — report, keep measuring the rest
                 print(f"  FlashInfer failed: {type(exc).__name__}: {exc}")
                 fi_reason = f"{type(exc).__name__}: {exc}"
             try:  # the like-for-like contender of the mma.sync stage
                 fn, backend = flashinfer_fn(fi, batch, cfg, wl, backend="fa2")
-                record("FlashInfer fa2", fn, f"paged, backend {backend}", ref)
+                record("FlashInfer fa2", fn, f"paged, backend {backend}", ref, backend=backend)
             except Exception as exc:  # noqa: BLE001 — report, keep measuring the rest
                 print(f"  FlashInfer fa2 failed: {type(exc).__name__}: {exc}")
         for kernel in args.kernels:
@@ -357,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             if "FlashInfer fa2" in found:
                 row["x_flashinfer_fa2"] = row["tflops"] / found["FlashInfer fa2"]["tflops"]
             row["x_sdpa"] = row["tflops"] / found["torch SDPA"]["tflops"]
-        entry = paired_rounds(wl["name"], launchers)
+        # P6-like workloads (``targets = false``) carry no verdict: no paired rounds either.
+        entry = None if wl.get("targets") is False else paired_rounds(wl["name"], launchers)
         if entry is not None:
             paired.append(entry)
         del batch, launchers
