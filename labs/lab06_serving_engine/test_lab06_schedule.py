@@ -27,6 +27,15 @@ def _waiting(llm):
     return [s.seq_id for s in llm.scheduler.waiting]
 
 
+def _steps(llm, num_steps):
+    """Runs ``num_steps`` steps; returns each step's batch (``_batch``)."""
+    batches = []
+    for _ in range(num_steps):
+        llm.step()
+        batches.append(_batch(llm))
+    return batches
+
+
 def _run(llm):
     """Steps to the end; returns the finished requests' outputs by id."""
     outs = {}
@@ -100,10 +109,7 @@ def test_a_readmitted_request_prefills_its_prompt_and_outputs(impl):
         llm.add_request(prompt, impl.SamplingParams(max_tokens=5))
     llm.step()
     llm.step()  # request 1 (5 tokens by now) preempts itself
-    batches = []
-    for _ in range(4):
-        llm.step()
-        batches.append(_batch(llm))
+    batches = _steps(llm, 4)
     assert batches[0] == [(0, 1)], (
         f"the step after the preemption scheduled {batches[0]}, not [(0, 1)]: request 1 holds 5 "
         "tokens (prompt + 1 output), which need 2 blocks, and only 1 is free — admit a "
@@ -123,10 +129,7 @@ def test_a_readmitted_request_past_its_prompt_still_gets_chunks(impl):
     llm = _llm(impl, num_blocks=3, block_size=4, budget=3)
     llm.add_request([1, 2, 3, 4], impl.SamplingParams(max_tokens=5))
     llm.add_request([5], impl.SamplingParams(max_tokens=7))
-    batches = []
-    for _ in range(8):
-        llm.step()
-        batches.append(_batch(llm))
+    batches = _steps(llm, 8)
     assert batches[6] == [(1, 3)] and batches[7] == [(1, 2)], (
         f"steps 6 and 7 scheduled {batches[6]} and {batches[7]}, not [(1, 3)] and [(1, 2)]: "
         "request 1 (5 tokens to recompute) is re-admitted with a 3-token chunk, then gets its "
@@ -173,10 +176,7 @@ def test_a_readmitted_request_hits_blocks_that_hold_outputs(impl):
     llm = _llm(impl, num_blocks=5, block_size=4)
     for _ in range(2):  # identical prompts: greedy decoding gives identical outputs
         llm.add_request([1, 2, 3, 4, 5], impl.SamplingParams(max_tokens=8))
-    batches = []
-    for _ in range(6):
-        llm.step()
-        batches.append(_batch(llm))
+    batches = _steps(llm, 6)
     assert batches[5] == [(0, 1), (1, 1)], (
         f"request 1's re-admission scheduled {batches[5]}, not [(0, 1), (1, 1)]: its 9 tokens' "
         "first 2 full blocks (prompt and outputs) are held by request 0 and cached, so only its "
