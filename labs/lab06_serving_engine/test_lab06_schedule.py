@@ -146,10 +146,9 @@ def test_full_blocks_are_cached_as_soon_as_they_are_computed(impl):
     llm.add_request(list(range(30, 39)), impl.SamplingParams(max_tokens=3))
     llm.step()
     llm.step()  # two 4-token chunks: 2 full blocks computed, nothing sampled yet
-    second = llm.sequences[llm.add_request(list(range(30, 38)) + [99],
-                                           impl.SamplingParams(max_tokens=1))]
-    llm.step()
-    got = (_batch(llm), second.num_cached_prompt_tokens)
+    second = llm.add_request(list(range(30, 38)) + [99], impl.SamplingParams(max_tokens=1))
+    finished = {out.seq_id: out for out in llm.step()}  # request 1 finishes in this step
+    got = (_batch(llm), finished[second].num_cached_prompt_tokens)
     assert got == ([(0, 1), (1, 1)], 8), (
         f"(batch, request 1's cached tokens) = {got}, not ([(0, 1), (1, 1)], 8): request 0's "
         "2 full prompt blocks were computed by chunks that sampled nothing; cache them in "
@@ -160,9 +159,9 @@ def test_full_blocks_are_cached_as_soon_as_they_are_computed(impl):
     llm.step()
     llm.step()  # block 0 = the prompt + 1 output token, now computed
     follow_up = [1, 2, 3] + llm.sequences[first].output_token_ids[:2]
-    second = llm.sequences[llm.add_request(follow_up, impl.SamplingParams(max_tokens=1))]
-    llm.step()
-    got = (_batch(llm), second.num_cached_prompt_tokens)
+    second = llm.add_request(follow_up, impl.SamplingParams(max_tokens=1))
+    finished = {out.seq_id: out for out in llm.step()}
+    got = (_batch(llm), finished[second].num_cached_prompt_tokens)
     assert got == ([(0, 1), (1, 1)], 4), (
         f"(batch, cached tokens of a prompt that continues request 0's sequence) = {got}, not "
         "([(0, 1), (1, 1)], 4): request 0's first block holds its prompt and its first output "
@@ -201,13 +200,14 @@ def test_counters_follow_their_docstrings_through_preemption(impl):
         "cached tokens at its first admission but none at its latest; assign, do not add")
 
     llm = _llm(impl, num_blocks=3, block_size=4)
-    seqs = [llm.sequences[llm.add_request(prompt, impl.SamplingParams(max_tokens=5))]
-            for prompt in ([1, 2, 3, 4], [5, 6, 7, 8])]  # kept: finished requests leave sequences
-    _run(llm)
-    steps = [seq.first_token_step for seq in seqs]
-    assert steps == [0, 0], (
-        f"first_token_step = {steps}, not [0, 0]: request 1 sampled its first token in step 0; "
-        "its preemption later must not reset it")
+    for prompt in ([1, 2, 3, 4], [5, 6, 7, 8]):
+        llm.add_request(prompt, impl.SamplingParams(max_tokens=5))
+    _steps(llm, 6)  # request 1: first token in step 0, preempted in step 1, back in step 5
+    # NOTE: read while request 1 is still running: a finished request leaves llm.sequences.
+    step = llm.sequences[1].first_token_step
+    assert step == 0, (
+        f"request 1's first_token_step = {step}, not 0: it sampled its first token in step 0; "
+        "its preemption and re-admission must not reset it")
 
     llm = _llm(impl, num_blocks=4, block_size=4)
     llm.add_request([1, 2, 3, 4], impl.SamplingParams(max_tokens=2))
