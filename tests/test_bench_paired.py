@@ -149,3 +149,59 @@ def test_the_verdict_lines_print_for_every_kind_of_entry(capsys):
                                    [])
     prefill.print_targets(report)
     assert "not paired: no FlashInfer fa2 timed as a graph" in capsys.readouterr().out
+
+
+def test_one_capture_serves_the_table_and_the_paired_rounds(monkeypatch):
+    """``_gpu.capture_graph`` (shared by ``measure`` and the paired rounds' graph timer) warms the
+    launcher up once off the capture stream, then records exactly ``calls`` calls; the timer
+    replays that graph. CPU only: torch.cuda's stream and graph objects are stand-ins."""
+    import torch
+
+    from reference.tools.bench import _gpu, paired
+
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            events.append("wait")
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+    class Capture:
+        def __init__(self, graph, **kwargs):
+            self.graph = graph
+
+        def __enter__(self):
+            events.append("capture")
+
+        def __exit__(self, *exc):
+            events.append("end")
+
+    class StreamContext:
+        def __init__(self, stream):
+            pass
+
+        def __enter__(self):
+            events.append("side")
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def fake_time_cuda(fn, **kwargs):
+        fn()
+        return 50.0
+
+    monkeypatch.setattr(_gpu, "time_cuda", fake_time_cuda)
+    timer = paired._graph_timer(lambda: events.append("call"), calls=3)
+    assert events == ["wait", "side", "call", "wait", "capture", "call", "call", "call", "end"]
+    events.clear()
+    assert timer() == pytest.approx(50.0 / 3) and events == ["replay"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+from labs.lab06_serving_engine._cases import paged_model
+
 
 def _llm(impl, *, num_blocks, block_size, budget=64, max_num_seqs=8):
-    from labs.lab06_serving_engine._cases import paged_model
-
     return impl.LLM(paged_model(), num_blocks=num_blocks, block_size=block_size,
                     max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
 

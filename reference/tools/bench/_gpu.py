@@ -37,6 +37,29 @@ def time_cuda(fn, *, warmup: int = 5, iters: int = 20, repeats: int = 5) -> floa
     return statistics.median(samples)
 
 
+def capture_graph(fn, calls: int):
+    """Captures ``calls`` back-to-back calls of ``fn`` in a CUDA graph and returns the graph.
+
+    NOTE: ``fn`` is first warmed up on a side stream, as torch's graph docs ask, so lazy
+    initialisation (module loads, allocator pools) never lands inside the capture.
+
+    Raises:
+        RuntimeError: (torch's) ``fn`` cannot be captured, e.g. it synchronises.
+    """
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        for _ in range(calls):
+            fn()
+    return g
+
+
 def measure(fn, *, graph: bool = True):
     """Times ``fn`` as replays of a CUDA graph of back-to-back calls (no host launch gaps).
 
@@ -63,17 +86,7 @@ def measure(fn, *, graph: bool = True):
     if graph:
         try:
             n = 10 if single < 1000 else 3
-            # NOTE: warm up on a side stream first, as torch's graph docs ask, so lazy
-            # initialisation (module loads, allocator pools) never lands inside the capture.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                for _ in range(n):
-                    fn()
+            g = capture_graph(fn, n)
             us = time_cuda(g.replay, warmup=3, iters=max(2, 200 // n), repeats=7) / n
             del g
             return us, "graph", out

@@ -45,7 +45,7 @@ from reference.tools.bench._gpu import copy_ceiling_gbps, flashinfer_or_reason, 
 from reference.tools.bench.decode_workloads import (DECODE_WORKLOADS, HOST_US_TARGET, SWEEP_CONTEXT_LENS,
                                         SWEEP_NUM_SEQS, TARGET_OF_CEILING, TARGET_VS_FLASHINFER,
                                         DecodeWorkload)
-from reference.tools.bench.paired import paired_times, round_ratios, summary, verdict
+from reference.tools.bench.paired import graph_and_eager_rounds, mark, round_ratios, summary, verdict
 from reference.loader import describe_impl, load_impl
 
 LAB = "lab04_decode_kernels"
@@ -425,15 +425,12 @@ def paired_rounds(workload: str, fns: dict) -> dict | None:
     refs = [m for m in FLASHINFER_METHODS if m in fns]
     if PLAN_RUN not in fns or not refs:
         return None
-    try:
-        graph = paired_times({m: fns[m] for m in (PLAN_RUN, "paged_attention", *refs) if m in fns})
-        eager = paired_times({m: fns[m] for m in (PLAN_RUN, *refs)}, graph=False)
-    except Exception as exc:  # noqa: BLE001 — a verdict not measured is reported, not a crash
-        import torch
-
-        torch.cuda.synchronize()
-        print(f"  {workload:3s} paired rounds failed: {type(exc).__name__}: {exc}", flush=True)
-        return {"workload": workload, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    rounds = graph_and_eager_rounds(
+        workload, {m: fns[m] for m in (PLAN_RUN, "paged_attention", *refs) if m in fns},
+        {m: fns[m] for m in (PLAN_RUN, *refs)})
+    if "error" in rounds:
+        return rounds
+    graph, eager = rounds["graph"], rounds["eager"]
     entry = {"workload": workload, "graph": summary(round_ratios(graph, PLAN_RUN, refs)),
              "eager": summary(round_ratios(eager, PLAN_RUN, refs)),
              "times": {"graph": graph, "eager": eager}}
@@ -474,10 +471,6 @@ def target_report(rows: list[dict], paired: list[dict] | None = None) -> list[di
 def print_targets(report: list[dict], paired: list[dict]) -> None:
     """Prints :func:`target_report`, one line per workload."""
     by_workload = {p["workload"]: p for p in paired}
-
-    def mark(v):
-        return "-" if v["met"] is None else ("ok" if v["met"] else "MISSED")
-
     print(f"targets: plan.run >= {TARGET_VS_FLASHINFER} x FlashInfer's best (median of balanced "
           f"rounds: 8 as graphs, 6 eager), host <= {HOST_US_TARGET:.0f} us per run; "
           f"paged_attention's share of the copy ceiling")

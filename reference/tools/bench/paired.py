@@ -15,10 +15,11 @@ merely rotated, D4's ``plan.run`` ran 2-3 % faster exactly in the rounds it went
 runs (H200, 2026-11-29), and a rotation repeats its neighbours.
 
 * :func:`round_orders` builds the orders; :func:`paired_times` times several launchers in
-  those rounds (CUDA-graph replays or eager back-to-back calls);
+  those rounds (CUDA-graph replays or eager back-to-back calls), and
+  :func:`graph_and_eager_rounds` runs both kinds, reporting a failure instead of raising it;
 * :func:`round_ratios` and :func:`summary` turn them into "× reference" per round, and its
   median and range (pure functions: tested without a GPU);
-* :func:`verdict` is one target check (figure, target, met).
+* :func:`verdict` is one target check (figure, target, met); :func:`mark` its printed word.
 """
 
 from __future__ import annotations
@@ -36,17 +37,9 @@ def _graph_timer(fn: Callable, calls: int = 10) -> Callable[[], float]:
     """
     import torch
 
-    from reference.tools.bench._gpu import time_cuda
+    from reference.tools.bench._gpu import capture_graph, time_cuda
 
-    side = torch.cuda.Stream()  # warm up off the capture stream, as torch's graph docs ask
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for _ in range(calls):
-            fn()
+    graph = capture_graph(fn, calls)
     torch.cuda.synchronize()
     iters = max(2, 100 // calls)  # 3 x 100 calls a round: rounds, not long timings, average out drift
     timer = lambda: time_cuda(graph.replay, warmup=1, iters=iters, repeats=3) / calls  # noqa: E731
@@ -122,6 +115,29 @@ def paired_times(fns: Mapping[str, Callable], *, min_rounds: int = 6,
             times[n].append(timers[n]())
     times["_orders"] = orders
     return times
+
+
+def graph_and_eager_rounds(workload: str, graph_fns: Mapping[str, Callable],
+                           eager_fns: Mapping[str, Callable]) -> dict:
+    """:func:`paired_times` as graph replays for ``graph_fns``, then eager for ``eager_fns``.
+
+    Returns:
+        ``{"graph": times, "eager": times}``, or ``{"workload", "error"}`` when the rounds
+        failed: a verdict not measured is reported on its line, it does not end the benchmark.
+    """
+    try:
+        return {"graph": paired_times(graph_fns), "eager": paired_times(eager_fns, graph=False)}
+    except Exception as exc:  # noqa: BLE001
+        import torch
+
+        torch.cuda.synchronize()
+        print(f"  {workload} paired rounds failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"workload": workload, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def mark(v: dict, met: str = "ok") -> str:
+    """A :func:`verdict`'s word for a printed line: ``met``, "MISSED", or "-" (not measured)."""
+    return "-" if v["met"] is None else (met if v["met"] else "MISSED")
 
 
 def round_ratios(times: Mapping[str, Sequence[float]], ours: str,

@@ -37,7 +37,7 @@ import numpy as np
 from reference.paths import load_toml
 from reference.tools.bench._common import DEFAULT_OUT, format_table, machine_info, try_pyplot, write_results
 from reference.loader import describe_impl, load_impl
-from reference.tools.bench.paired import paired_times, round_ratios, summary, verdict
+from reference.tools.bench.paired import graph_and_eager_rounds, mark, round_ratios, summary, verdict
 
 LAB = "lab05_prefill_kernels"
 WORKLOADS = Path(__file__).with_name("prefill_workloads.toml")
@@ -200,15 +200,11 @@ def paired_rounds(workload: str, launchers: dict) -> dict | None:
     if not pairs:
         return None
     names = list(dict.fromkeys([*pairs, *pairs.values()]))
-    try:
-        graph = paired_times({n: launchers[n] for n in names})
-        eager = paired_times({n: launchers[n] for n in names}, graph=False)
-    except Exception as exc:  # noqa: BLE001 — a verdict not measured is reported, not a crash
-        import torch
-
-        torch.cuda.synchronize()
-        print(f"  {workload} paired rounds failed: {type(exc).__name__}: {exc}", flush=True)
-        return {"workload": workload, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    fns = {n: launchers[n] for n in names}
+    rounds = graph_and_eager_rounds(workload, fns, fns)
+    if "error" in rounds:
+        return rounds
+    graph, eager = rounds["graph"], rounds["eager"]
     entry = {"workload": workload, "times": {"graph": graph, "eager": eager}}
     for ours, ref in pairs.items():
         entry[ours] = {"reference": ref, "graph": summary(round_ratios(graph, ours, [ref])),
@@ -249,9 +245,6 @@ def target_report(workloads: list[dict], rows: list[dict], paired: list[dict]) -
 
 def print_targets(report: list[dict]) -> None:
     """Prints :func:`target_report`, one line per workload and stage."""
-    def mark(v):
-        return "-" if v["met"] is None else ("met" if v["met"] else "MISSED")
-
     print(f"targets (median of 8 balanced rounds, graph replays; host <= {HOST_US_TARGET:.0f} "
           f"us per plan.run):")
     for t in report:
@@ -259,11 +252,11 @@ def print_targets(report: list[dict]) -> None:
         backend = f" [{t['reference_backend']}]" if t.get("reference_backend") else ""
         print(f"  {t['workload']} {t['kernel']:5s} "
               + (f"{x['figure']:.3f} x {t['reference']}{backend} (target >= {x['target']}: "
-                 f"{mark(x)})"
+                 f"{mark(x, 'met')})"
                  if x["figure"] is not None
                  else f"paired rounds failed ({t['error']})" if t.get("error")
                  else f"not paired: no {t['reference']} timed as a graph")
-              + (f", host {host['figure']:.1f} us ({mark(host)})" if host["figure"] is not None
+              + (f", host {host['figure']:.1f} us ({mark(host, 'met')})" if host["figure"] is not None
                  else ""))
 
 
