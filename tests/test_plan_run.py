@@ -195,6 +195,49 @@ def test_null_launch_copy_measures_the_host_path(cpu_decode):
     assert all(type(launch).__name__ == "KernelLaunch" for launch in plan._launches)
 
 
+def _packed_launch(lp, launched: list):
+    """A KernelLaunch with a stand-in parameter block and driver call (no CUDA needed)."""
+    import threading
+
+    vals = np.zeros(4, dtype=np.uint64)
+
+    def launch(stream):
+        launched.append((stream, vals.copy()))
+        return True
+
+    launch.maps = {}
+    k = lp.KernelLaunch.__new__(lp.KernelLaunch)
+    k._set(kernel=None, grid=(1, 1, 1), block=(32,), shared_mem=0, device=None, _emulated=False,
+           _cupy_device=None, _packed=(vals, launch), _lock=threading.Lock(), _index=0)
+    return k
+
+
+def test_replay_looks_up_the_stream_once_and_falls_back_on_another_device(monkeypatch):
+    """A run's packed launches share one lookup of torch's current stream (each lookup is host
+    time) and launch on it with the run's pointers in their slots; with another device current
+    the fast path steps aside and each launch goes through CuPy's path (``__call__``) with its
+    pointers as the ``np.uint64`` CuPy needs."""
+    from reference import launch_plan as lp
+
+    lookups, launched, called = [], [], []
+    monkeypatch.setattr(lp, "_CURRENT_DEVICE", lambda: 0)
+    monkeypatch.setattr(lp, "_RAW_STREAM", lambda index: lookups.append(index) or 77)
+    monkeypatch.setattr(lp.KernelLaunch, "__call__", lambda self, args: called.append(args))
+    launches = (_packed_launch(lp, launched), _packed_launch(lp, launched))
+    templates = (((None, np.int32(3), None, None), ((0, 0), (2, 1))),
+                 ((None, None, None, None), ((1, 1),)))
+    lp.replay(launches, templates, (1 << 40, 2 << 40))
+    assert lookups == [0], f"the stream was looked up {len(lookups)} times for 2 launches"
+    assert [s for s, _ in launched] == [77, 77]
+    assert list(launched[0][1][[0, 2]]) == [1 << 40, 2 << 40] and launched[1][1][1] == 2 << 40
+    assert not called
+    monkeypatch.setattr(lp, "_CURRENT_DEVICE", lambda: 1)
+    lp.replay(launches, templates, (3 << 40, 4 << 40))
+    assert len(launched) == 2 and len(called) == 2, "another device: CuPy's path, not the driver"
+    assert called[0][0] == np.uint64(3 << 40) and type(called[0][0]) is np.uint64
+    assert called[0][1] == np.int32(3) and called[1][1] == np.uint64(4 << 40)
+
+
 # ----------------------------------------------------------------------------- kernels
 
 
