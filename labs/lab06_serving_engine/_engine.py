@@ -34,7 +34,9 @@ class KVBlockManagerBase:
             ``increase_ref_count``, ``get_ref_count``, ``num_free_blocks``).
         hash_to_block: the prefix cache, chained block hash -> id of the block holding those
             tokens.
-        num_queried_tokens: prompt tokens looked up in the prefix cache.
+        num_queried_tokens: tokens looked up in the prefix cache: each admission adds every
+            token the request holds then (its prompt; after a preemption, the prompt and the
+            tokens it had generated).
         num_hit_tokens: of which served from cached blocks.
     """
 
@@ -58,7 +60,7 @@ class KVBlockManagerBase:
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.allocator = allocator if allocator is not None else TrustedBlockAllocator(num_blocks)
         self.hash_to_block: dict[int, int] = {}  # chained hash -> block id holding those tokens
-        self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.num_queried_tokens = 0  # tokens looked up: seq.num_tokens per admission
         self.num_hit_tokens = 0  # of which served from cached blocks
 
     @property

@@ -143,7 +143,8 @@ class KVBlockManager(KVBlockManagerBase):
             hashes: from :meth:`match_prefix`.
         """
         # TODO(lab6.3): increase_ref_count of each matched block; set block_table, block_hashes,
-        # num_computed_tokens, num_cached_prompt_tokens; count queried and hit tokens.
+        # num_computed_tokens, num_cached_prompt_tokens; count queried (seq.num_tokens) and hit
+        # tokens.
         raise NotImplementedError("TODO(lab6.3): use_prefix — share the hits, count them")
 
     def cache_full_blocks(self, seq: Sequence) -> None:
