@@ -406,8 +406,7 @@ def replay(launches: tuple, templates: tuple, ptrs: tuple) -> None:
     # NOTE: the launches of one plan share its device, so torch's current stream is looked up
     # once per run, not per launch. On the H200 hosts (2026-11-29) the lookup cost 0.34 µs
     # through torch.cuda.current_device and 0.20 µs through the C getters; a driver launch
-    # costs 5-6 µs there: the second launch (split-K's reduce) is what a split-K run's host
-    # time adds to a one-launch run's.
+    # costs 4.8-6.2 µs there, so the lookup is a small part of a run.
     stream = launches[0].raw_stream() if launches else None
     for launch, (template, slots) in zip(launches, templates):
         launch.launch_with(template, slots, ptrs, stream)
