@@ -195,3 +195,35 @@ def random_kv(seed: int, num_tokens: int, pool) -> tuple[torch.Tensor, torch.Ten
     shape = (2, num_tokens, pool.num_kv_heads, pool.head_size)
     kv = torch.randn(shape, generator=gen).to(pool.dtype).to(pool.device)
     return kv[0], kv[1]
+
+
+def from_memory_budget_of_a_subclass(*args, **kwargs) -> tuple[bool, dict]:
+    """Calls ``from_memory_budget`` on a subclass of the implementation's ``KVCachePool`` whose
+    constructor records the arguments it gets.
+
+    NOTE: tests call it through ``reference.grader.proxy.given``, so it runs where the student's
+    code runs (grading isolated, a subclass defined in the test's process could not be sent).
+
+    Returns:
+        ``(built the subclass, the constructor's arguments by name)``, dtype and device as
+        strings.
+    """
+    import inspect
+
+    from reference.loader import load_impl
+
+    base = load_impl("lab02_kv_cache_pool").KVCachePool
+    signature = inspect.signature(base.__init__)
+    seen: dict = {}
+
+    class Recording(base):
+        def __init__(self, *a, **kw):
+            seen.update(signature.bind(self, *a, **kw).arguments)
+            super().__init__(*a, **kw)
+
+    pool = Recording.from_memory_budget(*args, **kwargs)
+    seen.pop("self", None)
+    for name in ("dtype", "device"):
+        if seen.get(name) is not None:
+            seen[name] = str(torch.device(seen[name]) if name == "device" else seen[name])
+    return type(pool) is Recording, seen

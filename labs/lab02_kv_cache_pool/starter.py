@@ -17,7 +17,7 @@ Invariants, true after every public call (the tests check them):
 
 NOTE: the host keeps a shadow of every table (``_Sequence``) and makes every decision from it.
 The device tensors are written, never read back, so no call waits for the GPU — except
-``write_kv``'s bounds check, which reads two numbers back (documented there).
+``write_kv``'s checks, which read the slots back once (documented there).
 
 Your tasks are marked ``TODO(lab2.k)``; ``LAB_IMPL=starter pagedlab grade 2`` lists the ones left.
 What is given lives once in ``_pool.py`` (protected, imported below; read it): the host record
@@ -297,7 +297,7 @@ class KVCachePool(KVCachePoolBase):
 
         Raises:
             UnknownSequenceError: ``parent_seq_id`` is not live.
-            TypeError: bad ``child_seq_id``.
+            TypeError: bad ``parent_seq_id`` or ``child_seq_id`` (not an int).
             DuplicateSequenceError: ``child_seq_id`` is live.
             TooManySequencesError: no free row.
         """

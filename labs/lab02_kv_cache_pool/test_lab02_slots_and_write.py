@@ -74,7 +74,8 @@ def test_written_kv_sits_in_the_workbook_layout_and_gathers_back(impl, device, d
         start += n
         got_k, got_v = pool.gather_kv(s)
         assert tuple(got_k.shape) == (n, 3, 8) and got_k.dtype == dtype
-        assert got_k.device == pool.device
+        assert got_k.device == pool.device and got_v.device == pool.device, (
+            f"gather_kv({s}) returned K on {got_k.device}, V on {got_v.device}: both belong on the pool's device")
         assert tensor_bytes(got_k) == tensor_bytes(want_k), f"seq {s} keys: {_first_diff(got_k, want_k)}"
         assert tensor_bytes(got_v) == tensor_bytes(want_v), f"seq {s} values: {_first_diff(got_v, want_v)}"
         ok, ov = oracle_gather_kv(caches[0], caches[1], tables[pool.get_row(s)], n)
