@@ -27,8 +27,9 @@ NaN/inf contract (Labs 4–5 keep the same one): arguments are checked — shape
 lengths, and a ``scale`` and ALiBi slopes that must be finite — but the *data* (query, keys,
 values) is not scanned: that would cost a pass over the whole cache, which also holds garbage
 (NaN in our tests) where no token lives. Non-finite data propagates instead: a NaN or ±inf in
-a query, or in a key or value row that query reads, makes that query's ``out`` and ``lse``
-non-finite (NaN or ±inf) — never a finite wrong number. (A score of -inf computed from data is
+a query, or in a key row that query reads, makes that query's ``out`` and ``lse`` non-finite
+(NaN or ±inf); in a value row it reads, its ``out`` (``lse`` depends only on the scores) —
+never a finite wrong number. (A score of -inf computed from data is
 turned into NaN, so an infinite key is never mistaken for a masked one.) Rows a query does not
 read — past ``context_len``, in unused blocks, behind PAD entries, or causally masked — never
 affect it. From finite data and a finite scale the results are finite (lse is -inf only for a
@@ -195,8 +196,9 @@ def online_softmax_update(m, l, acc, scores, values):
             against ``scores``' (e.g. one KV head's values shared by a group of query heads).
 
     Returns:
-        (m, l, acc) after the block, same shapes. A block whose scores are all -inf leaves the
-        state unchanged; nothing here is ever NaN for finite inputs, and a NaN or +inf score
+        (m, l, acc) after the block, same shapes: a new state; the arrays given are not
+        modified (one prefix state may be grown twice). A block whose scores are all -inf leaves
+        the state unchanged; nothing here is ever NaN for finite inputs, and a NaN or +inf score
         or a non-finite value propagates into the state (the module's NaN/inf contract).
 
     Raises:
