@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 
 from reference.grader.proxy import Remote, gather
 
@@ -93,3 +94,94 @@ def check_invariants(bm) -> None:
     for (block_id, _, block_hash), own in zip(state["blocks"], state["own_entry"]):
         if block_hash is not None:
             assert own, f"block {block_id} has hash {block_hash} but is not its map entry"
+
+
+class _SlipInLock:
+    """A lock that lets one other call in at one moment: just before its first ``acquire``
+    (``"pre"``) or just after its first ``release`` (``"post"``) — what another thread could do
+    there if a call took the lock more than once, or read shared state outside it."""
+
+    def __init__(self, when: str, other):
+        self._lock, self._when, self._other = threading.Lock(), when, other
+
+    def _slip_in(self, when: str) -> None:
+        if self._when == when and self._other is not None:
+            other, self._other = self._other, None
+            other()
+
+    def acquire(self, *args, **kwargs):
+        self._slip_in("pre")
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self._lock.release()
+        self._slip_in("post")
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _outcome(call) -> tuple:
+    """(``"ok"``, the value) or (``"raised"``, the exception's class name)."""
+    try:
+        return ("ok", call())
+    except Exception as exc:  # noqa: BLE001 — the outcome is the point
+        return ("raised", type(exc).__name__)
+
+
+def call_with_another_slipped_in(scenario: str) -> dict:
+    """Runs one of three scenarios on the implementation's ``BlockManager`` with its ``_lock``
+    replaced by one that lets a competing call in mid-way, and reports what each call saw.
+
+    NOTE: tests call it through ``reference.grader.proxy.given``: it runs where the student's
+    code runs (graded isolated, a lock swapped in the test's process could not reach it).
+
+    Args:
+        scenario: ``"get_computed_blocks"`` (two freed cached blocks; an ``allocate`` after the
+            lock's first release), ``"get_cached_block"`` (one freed cached block; an
+            ``allocate`` before its first acquire) or ``"free_blocks"`` (one block in use; a
+            ``free`` of it after the first release).
+
+    Returns:
+        ``{"call": outcome, "other": outcome, "ref_counts": [...]}``, outcomes as
+        ``("ok", value)`` or ``("raised", "ErrorName")``.
+    """
+    from reference.loader import load_impl
+
+    impl = load_impl("lab01_block_manager")
+    other: list = []
+    if scenario == "get_computed_blocks":
+        bm = impl.BlockManager(2)
+        h0 = impl.hash_block_tokens(None, [1])
+        h1 = impl.hash_block_tokens(h0, [2])
+        bm.allocate_n(2)
+        bm.cache_block(0, h0)
+        bm.cache_block(1, h1)
+        bm.free(0)
+        bm.free(1)
+        bm._lock = _SlipInLock("post", lambda: other.append(_outcome(bm.allocate)))
+        result = _outcome(lambda: bm.get_computed_blocks([h0, h1]))
+    elif scenario == "get_cached_block":
+        bm = impl.BlockManager(1)
+        h = impl.hash_block_tokens(None, [7])
+        bm.cache_block(bm.allocate(), h)
+        bm.free(0)
+        bm._lock = _SlipInLock("pre", lambda: other.append(_outcome(bm.allocate)))
+        result = _outcome(lambda: bm.get_cached_block(h))
+    elif scenario == "free_blocks":
+        bm = impl.BlockManager(2)
+        block_id = bm.allocate()
+        bm._lock = _SlipInLock("post", lambda: other.append(_outcome(lambda: bm.free(block_id))))
+        result = _outcome(lambda: bm.free_blocks([block_id]))
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    bm._lock = threading.Lock()
+    return {"call": result, "other": other[0] if other else None,
+            "ref_counts": [bm.get_ref_count(i) for i in range(bm.num_blocks)]}

@@ -43,17 +43,21 @@ def test_allocate_when_full_raises_out_of_blocks(impl):
 
 @pytest.mark.points(2)
 def test_allocate_n_is_all_or_nothing(impl):
-    """allocate_n takes n distinct blocks, or raises OutOfBlocksError having taken none."""
+    """allocate_n takes n distinct blocks, or raises OutOfBlocksError having taken none — nor
+    evicted the hash of a free cached block it would have taken."""
     bm = impl.BlockManager(4)
-    first = bm.allocate_n(3)
-    assert first == [0, 1, 2]
+    first = bm.allocate_n(4)
+    assert first == [0, 1, 2, 3]
+    assert bm.cache_block(3, impl.hash_block_tokens(None, [3]))
+    bm.free(3)  # the one free block, still cached
     assert bm.allocate_n(0) == []
     before = snapshot(bm)
     with pytest.raises(OutOfBlocksError, match="n=2"):
         bm.allocate_n(2)
     assert snapshot(bm) == before, (
         "a failed allocate_n must leave the manager unchanged — blocks taken before the failure "
-        "leaked (likely cause: allocating one by one and raising half-way)"
+        "leaked or a cached block lost its hash (likely cause: allocating one by one and "
+        "raising, or rolling back, half-way)"
     )
     assert bm.allocate() == 3, "the one free block must still be free after the failed call"
 

@@ -393,6 +393,8 @@ class BlockManager:
         Returns:
             True if the block is now the cache entry for ``block_hash``; False if another block
             already holds that content (the first one stays the entry, this one is not cached).
+            The refusals below come first: a free block, or one cached under a different hash,
+            raises even when another block holds ``block_hash``.
 
         Raises:
             TypeError / IndexError: bad ``block_id``; TypeError / ValueError: ``block_hash`` is
