@@ -227,3 +227,13 @@ def from_memory_budget_of_a_subclass(*args, **kwargs) -> tuple[bool, dict]:
         if seen.get(name) is not None:
             seen[name] = str(torch.device(seen[name]) if name == "device" else seen[name])
     return type(pool) is Recording, seen
+
+
+def refused(pool, call, error, match=None) -> None:
+    """Runs ``call``, expects ``error`` (matching ``match``), and checks the pool did not change."""
+    import pytest
+
+    before = snapshot(pool)
+    with pytest.raises(error, match=match):
+        call()
+    assert snapshot(pool) == before, "a refused call changed the pool (check first, then change)"

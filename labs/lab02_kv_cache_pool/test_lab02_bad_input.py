@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from labs.lab02_kv_cache_pool._state import check_invariants, new_pool, poison, random_kv, snapshot
+from labs.lab02_kv_cache_pool._state import (
+    check_invariants,
+    new_pool,
+    poison,
+    random_kv,
+    refused,
+    snapshot,
+)
 from reference.errors import (
     DeviceMismatchError,
     DuplicateSequenceError,
@@ -16,13 +23,6 @@ from reference.errors import (
     UnknownSequenceError,
 )
 
-
-def _refused(pool, call, error, match=None):
-    """Runs ``call``, expects ``error``, and checks that the pool did not change."""
-    before = snapshot(pool)
-    with pytest.raises(error, match=match):
-        call()
-    assert snapshot(pool) == before, "a refused call changed the pool (check first, then change)"
 
 
 @pytest.mark.points(1)
@@ -70,47 +70,47 @@ def test_bad_argument_types_raise_typed_errors(impl, device, call, error, name):
     typed, names the argument, and changes nothing."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
-    _refused(pool, lambda: call(pool), error, name)
+    refused(pool, lambda: call(pool), error, name)
 
 
 @pytest.mark.points(1)
-def test_duplicate_ids_are_refused(impl, device):
+def test_duplicate_ids_arerefused(impl, device):
     """Adding a live id, or forking into one, raises DuplicateSequenceError naming it and
     changes nothing."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
     pool.add_sequence(1, 2)
-    _refused(pool, lambda: pool.add_sequence(0, 1), DuplicateSequenceError, "seq_id=0")
-    _refused(pool, lambda: pool.fork(0, 1), DuplicateSequenceError, "child_seq_id=1")
-    _refused(pool, lambda: pool.fork(0, 0), DuplicateSequenceError, "child_seq_id=0")
+    refused(pool, lambda: pool.add_sequence(0, 1), DuplicateSequenceError, "seq_id=0")
+    refused(pool, lambda: pool.fork(0, 1), DuplicateSequenceError, "child_seq_id=1")
+    refused(pool, lambda: pool.fork(0, 0), DuplicateSequenceError, "child_seq_id=0")
 
 
 @pytest.mark.points(1)
-def test_sequences_longer_than_max_model_len_are_refused(impl, device):
+def test_sequences_longer_than_max_model_len_arerefused(impl, device):
     """A prompt longer than max_model_len, or an append past it, raises SequenceTooLongError
     naming max_model_len before anything is allocated; growing to exactly max_model_len works
     (the limit is in tokens, even where the last block has room to spare)."""
     pool = new_pool(impl, device, max_model_len=10)  # 3 blocks of 4 = 12 slots; limit 10
     assert pool.max_blocks_per_seq == 3
-    _refused(pool, lambda: pool.add_sequence(0, 11), SequenceTooLongError, "max_model_len")
+    refused(pool, lambda: pool.add_sequence(0, 11), SequenceTooLongError, "max_model_len")
     pool.add_sequence(0, 10)
-    _refused(pool, lambda: pool.append_tokens(0, 1), SequenceTooLongError, "max_model_len")
+    refused(pool, lambda: pool.append_tokens(0, 1), SequenceTooLongError, "max_model_len")
     pool.add_sequence(1, 8)
-    _refused(pool, lambda: pool.append_tokens(1, 3), SequenceTooLongError, "max_model_len")
+    refused(pool, lambda: pool.append_tokens(1, 3), SequenceTooLongError, "max_model_len")
     pool.append_tokens(1, 2)
     assert pool.get_context_len(1) == 10 and len(pool.get_block_table(1)) == 3
     check_invariants(pool)
 
 
 @pytest.mark.points(1)
-def test_more_sequences_than_rows_are_refused(impl, device):
+def test_more_sequences_than_rows_arerefused(impl, device):
     """With max_num_seqs sequences live, add and fork raise TooManySequencesError and change
     nothing; freeing one makes room again."""
     pool = new_pool(impl, device, max_num_seqs=2)
     pool.add_sequence(0, 4)
     pool.add_sequence(1, 0)
-    _refused(pool, lambda: pool.add_sequence(2, 1), TooManySequencesError, "max_num_seqs")
-    _refused(pool, lambda: pool.fork(0, 2), TooManySequencesError, "max_num_seqs")
+    refused(pool, lambda: pool.add_sequence(2, 1), TooManySequencesError, "max_num_seqs")
+    refused(pool, lambda: pool.fork(0, 2), TooManySequencesError, "max_num_seqs")
     pool.free_sequence(1)
     pool.fork(0, 2)
     assert pool.get_row(2) == 1
@@ -125,14 +125,14 @@ def test_out_of_blocks_mid_add_or_append_changes_nothing(impl, device):
     pool = new_pool(impl, device, num_blocks=5, max_model_len=24)
     pool.add_sequence(0, 8)  # 2 blocks, 3 free
     # The pool checks before it asks the manager: its error names the refused call.
-    _refused(pool, lambda: pool.add_sequence(1, 13), OutOfBlocksError, "add_sequence")  # needs 4
-    _refused(pool, lambda: pool.append_tokens(0, 13), OutOfBlocksError, "append_tokens")  # 4 more
+    refused(pool, lambda: pool.add_sequence(1, 13), OutOfBlocksError, "add_sequence")  # needs 4
+    refused(pool, lambda: pool.append_tokens(0, 13), OutOfBlocksError, "append_tokens")  # 4 more
     assert pool.num_free_blocks == 3 and pool.num_free_rows == 3, "a refused call leaked"
     pool.add_sequence(2, 5)  # 2 blocks, 1 free; its last block is half full
     pool.fork(2, 3)
     pool.add_sequence(4, 4)  # takes the last free block
     # seq 3's next token goes into a block it shares with seq 2: it needs a copy, and no block
-    _refused(pool, lambda: pool.append_tokens(3, 1), OutOfBlocksError, "append_tokens.* needs 1")
+    refused(pool, lambda: pool.append_tokens(3, 1), OutOfBlocksError, "append_tokens.* needs 1")
     pool.free_sequence(4)
     pool.append_tokens(3, 1)  # now the copy can be made
     assert pool.get_block_table(3)[0] == pool.get_block_table(2)[0]
@@ -158,7 +158,7 @@ def test_appends_that_need_no_block_work_in_a_full_pool(impl, device):
         "an append that fits in the last block was refused in a full pool — likely cause: "
         "the free-block check asks for a block (or a copy) that the append does not need"
     )
-    _refused(pool, lambda: pool.append_tokens(0, 1), OutOfBlocksError, "append_tokens")
+    refused(pool, lambda: pool.append_tokens(0, 1), OutOfBlocksError, "append_tokens")
     check_invariants(pool)
 
 
@@ -174,7 +174,7 @@ def test_an_append_that_copies_and_grows_needs_both_blocks(impl, device, num_new
     pool.fork(0, 1)
     pool.add_sequence(2, 1)  # holds one block back: one fewer free than needed
     assert pool.num_free_blocks == num_needed - 1
-    _refused(pool, lambda: pool.append_tokens(1, num_new_tokens), OutOfBlocksError,
+    refused(pool, lambda: pool.append_tokens(1, num_new_tokens), OutOfBlocksError,
              f"append_tokens.* needs {num_needed}")
     pool.free_sequence(2)
     pool.append_tokens(1, num_new_tokens)
@@ -239,7 +239,7 @@ def test_write_kv_rejects_bad_tensors_and_slots(impl, device, case):
     pool.add_sequence(0, 3)
     args = _write_case(pool, case)
     error, name = WRITE_CASES[case]
-    _refused(pool, lambda: pool.write_kv(*args), error, name)
+    refused(pool, lambda: pool.write_kv(*args), error, name)
 
 
 @pytest.mark.points(1)
@@ -250,13 +250,13 @@ def test_slot_mapping_rejects_bad_batches(impl, device):
     pool.add_sequence(0, 5)
     pool.add_sequence(1, 6)
     pool.fork(1, 2)
-    _refused(pool, lambda: pool.slot_mapping([0, 1], [1]), ValueError, "num_new_tokens")
+    refused(pool, lambda: pool.slot_mapping([0, 1], [1]), ValueError, "num_new_tokens")
     # and the other way round: zip() would silently drop the extra count
-    _refused(pool, lambda: pool.slot_mapping([0], [1, 1]), ValueError, "num_new_tokens")
-    _refused(pool, lambda: pool.slot_mapping([0, 0], [1, 1]), ValueError, "repeats")
-    _refused(pool, lambda: pool.slot_mapping([0], [6]), ValueError, "num_new_tokens")
-    _refused(pool, lambda: pool.slot_mapping([0], [-1]), ValueError, "num_new_tokens")
-    _refused(pool, lambda: pool.slot_mapping([2], [1]), ValueError, "shared")
+    refused(pool, lambda: pool.slot_mapping([0], [1, 1]), ValueError, "num_new_tokens")
+    refused(pool, lambda: pool.slot_mapping([0, 0], [1, 1]), ValueError, "repeats")
+    refused(pool, lambda: pool.slot_mapping([0], [6]), ValueError, "num_new_tokens")
+    refused(pool, lambda: pool.slot_mapping([0], [-1]), ValueError, "num_new_tokens")
+    refused(pool, lambda: pool.slot_mapping([2], [1]), ValueError, "shared")
     assert pool.slot_mapping([0], [0]).numel() == 0
     assert np.array_equal(pool.slot_mapping([0], [1]).cpu().numpy(), [4])
 
@@ -309,11 +309,11 @@ def test_list_arguments_and_block_managers_are_type_checked(impl, device):
     block manager without Lab 1's interface with TypeError naming ``block_manager``."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
-    _refused(pool, lambda: pool.slot_mapping(None, [1]), TypeError, "seq_ids")
-    _refused(pool, lambda: pool.slot_mapping("0", [1]), TypeError, "seq_ids")
-    _refused(pool, lambda: pool.slot_mapping([0], None), TypeError, "num_new_tokens")
-    _refused(pool, lambda: pool.slot_mapping([[0]], [1]), TypeError, r"seq_ids\[0\]")
-    _refused(pool, lambda: pool.slot_mapping([0, 1.0], [1, 1]), TypeError, r"seq_ids\[1\]")
+    refused(pool, lambda: pool.slot_mapping(None, [1]), TypeError, "seq_ids")
+    refused(pool, lambda: pool.slot_mapping("0", [1]), TypeError, "seq_ids")
+    refused(pool, lambda: pool.slot_mapping([0], None), TypeError, "num_new_tokens")
+    refused(pool, lambda: pool.slot_mapping([[0]], [1]), TypeError, r"seq_ids\[0\]")
+    refused(pool, lambda: pool.slot_mapping([0, 1.0], [1, 1]), TypeError, r"seq_ids\[1\]")
     assert pool.slot_mapping([np.int64(0)], [np.int32(2)]).tolist() == [3, 4]
     with pytest.raises(TypeError, match="block_manager"):
         new_pool(impl, device, num_blocks=6, block_manager=object())

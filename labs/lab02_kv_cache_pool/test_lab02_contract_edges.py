@@ -7,17 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from labs.lab02_kv_cache_pool._state import from_memory_budget_of_a_subclass, new_pool, snapshot
+from labs.lab02_kv_cache_pool._state import from_memory_budget_of_a_subclass, new_pool, refused
 from reference.errors import DuplicateSequenceError, UnknownSequenceError
 from reference.grader.proxy import given
 
-
-def _refused(pool, call, error, match):
-    """Runs ``call``, expects ``error`` matching ``match``, and checks the pool did not change."""
-    before = snapshot(pool)
-    with pytest.raises(error, match=match):
-        call()
-    assert snapshot(pool) == before, "a refused call changed the pool (check first, then change)"
 
 
 @pytest.mark.points(1)
@@ -39,7 +32,7 @@ def test_zero_token_calls_still_check_every_argument(impl, device):
         (lambda: pool.slot_mapping([0, 1], [1, False]), TypeError, r"num_new_tokens\[1\]"),
     ]:
         try:
-            _refused(pool, call, error, match)
+            refused(pool, call, error, match)
         except pytest.fail.Exception as exc:
             raise AssertionError(f"{exc}{likely}") from None
     empty = pool.slot_mapping([0], [0])
@@ -74,7 +67,7 @@ def test_integer_scalars_become_python_ints(impl, device, make):
     assert 8 in pool and [type(s) for s in pool.seq_ids] == [int, int], (
         f"after fork(7, {make(8)!r}) seq_ids is {pool.seq_ids!r}{hint}")
     try:
-        _refused(pool, lambda: pool.fork(7, make(8)), DuplicateSequenceError, "8")
+        refused(pool, lambda: pool.fork(7, make(8)), DuplicateSequenceError, "8")
     except pytest.fail.Exception:
         raise AssertionError(f"forking into {make(8)!r} again was accepted: it is live as "
                              f"8{hint}") from None
@@ -90,7 +83,7 @@ def test_slot_mapping_checks_each_id_before_repeats(impl, device):
     pool.add_sequence(1, 3)
     for ids in ([0, 0.0], [1, True]):
         try:
-            _refused(pool, lambda: pool.slot_mapping(ids, [1, 1]), TypeError, r"seq_ids\[1\]")
+            refused(pool, lambda: pool.slot_mapping(ids, [1, 1]), TypeError, r"seq_ids\[1\]")
         except (pytest.fail.Exception, ValueError) as exc:
             raise AssertionError(
                 f"slot_mapping({ids}, [1, 1]): {exc!r} — likely cause: the repeat test ran "
