@@ -74,7 +74,7 @@ def test_bad_argument_types_raise_typed_errors(impl, device, call, error, name):
 
 
 @pytest.mark.points(1)
-def test_duplicate_ids_arerefused(impl, device):
+def test_duplicate_ids_are_refused(impl, device):
     """Adding a live id, or forking into one, raises DuplicateSequenceError naming it and
     changes nothing."""
     pool = new_pool(impl, device)
@@ -86,7 +86,7 @@ def test_duplicate_ids_arerefused(impl, device):
 
 
 @pytest.mark.points(1)
-def test_sequences_longer_than_max_model_len_arerefused(impl, device):
+def test_sequences_longer_than_max_model_len_are_refused(impl, device):
     """A prompt longer than max_model_len, or an append past it, raises SequenceTooLongError
     naming max_model_len before anything is allocated; growing to exactly max_model_len works
     (the limit is in tokens, even where the last block has room to spare)."""
@@ -103,7 +103,7 @@ def test_sequences_longer_than_max_model_len_arerefused(impl, device):
 
 
 @pytest.mark.points(1)
-def test_more_sequences_than_rows_arerefused(impl, device):
+def test_more_sequences_than_rows_are_refused(impl, device):
     """With max_num_seqs sequences live, add and fork raise TooManySequencesError and change
     nothing; freeing one makes room again."""
     pool = new_pool(impl, device, max_num_seqs=2)
