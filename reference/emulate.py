@@ -643,6 +643,18 @@ def _struct_bytes(kernel: EmulatedKernel, i: int, value) -> bytes:
 def _scalar_bits(kernel: EmulatedKernel, i: int, value) -> int:
     p, name = kernel.params[i], kernel.param_names[i]
     where = f"kernel {kernel.name}, parameter {i} ({name})"
+    # NOTE: CuPy passes a Python float as a double (8 bytes) and a Python int as a 64-bit
+    # integer, whatever the kernel's parameter: into a 4-byte int or float the GPU reads
+    # garbage (and every later argument shifted). Refused here as well, so a launcher that
+    # passes float(scale) fails emulated too, not only on a GPU.
+    if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+        size, is_float = (1, False) if isinstance(value, bool) else (8, isinstance(value, float))
+        if size != p.size or is_float != p.is_float:
+            kind = "np.float32" if p.is_float and p.size == 4 else (
+                "np.int32" if p.size == 4 else f"a NumPy scalar of {p.size} bytes")
+            raise TypeError(f"{where} takes {p.size} bytes but got a Python "
+                            f"{type(value).__name__} {value!r}, which CuPy passes as "
+                            f"{size} bytes: the kernel would read garbage; pass {kind}(...)")
     if isinstance(value, (np.floating, float)) and not p.is_float:
         raise TypeError(f"{where} is an integer of {p.size} bytes but got "
                         f"{type(value).__name__} {value!r}: the kernel would read its bits as "

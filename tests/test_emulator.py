@@ -200,6 +200,23 @@ def test_scalar_of_the_wrong_type_is_refused(tmp_path):
     assert int(out[0]) == 3
 
 
+def test_python_scalars_are_refused_where_cupy_would_pass_8_bytes(tmp_path):
+    """CuPy passes a Python float as a double and a Python int as a 64-bit integer: into a
+    4-byte float or int parameter the GPU reads garbage, so the emulator refuses them too
+    (naming the parameter and the NumPy type to pass); into an 8-byte parameter they fit."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out, float s, int n, long long m) {
+          out[0] = s * n + (float)m; }""")
+    out = torch.zeros(1)
+    for args, name, fix in (((0.5, np.int32(2)), r"parameter 1 \(s\)", "np.float32"),
+                            ((np.float32(0.5), 2), r"parameter 2 \(n\)", "np.int32")):
+        with pytest.raises(TypeError, match=name) as err:
+            rcuda.launch(k, (1,), (1,), (rcuda.ptr(out), *args, np.int64(0)))
+        assert fix in str(err.value)
+    rcuda.launch(k, (1,), (1,), (rcuda.ptr(out), np.float32(0.5), np.int32(2), 3))
+    assert float(out[0]) == 4.0
+
+
 # ----------------------------------------------------------------------------- clear errors
 
 

@@ -107,9 +107,10 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     Raises:
         TypeError: an argument is not a torch tensor / CuPy array, has the wrong dtype, or
             ``scale`` is not a float.
-        ValueError: wrong rank or shape, not contiguous, misaligned, sizes that disagree
-            (``num_q_heads`` zero or not a multiple of ``num_kv_heads``, ``cu_seqlens_q`` not
-            ``num_seqs + 1`` long, ...), or an ALiBi slope that is NaN or infinite.
+        ValueError: an unknown ``kernel``, wrong rank or shape, not contiguous, misaligned,
+            sizes that disagree (``num_q_heads`` zero or not a multiple of ``num_kv_heads``,
+            ``cu_seqlens_q`` not ``num_seqs + 1`` long, ...), or an ALiBi slope that is NaN or
+            infinite.
         UnsupportedConfigError: head_size, block_size or dtype the kernel has no code for.
     """
     # TODO(lab5.1): check, in this order, raising the error types the docstring lists and naming
