@@ -140,7 +140,7 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
     #     (check_array), shapes that agree, supported head and block sizes
     #     (UnsupportedConfigError), an ``out`` like query, q / caches / out starting on a
     #     16-byte boundary (the kernels load 16 bytes at a time), a finite scale > 0 (default
-    #     1/sqrt(head_size); check_scale(..., dtype=np.float32): the kernels take float32), max_context_len an int >= 0 (check_int);
+    #     1/sqrt(head_size); check_scale(..., dtype=np.float32): the kernels take float32), max_context_len an int >= 0 (rebind it: max_context_len = check_int(...));
     #  2. values, only for CPU tensors or when debug_enabled(debug): _check_values(...);
     #  3. the device, last and only if check_device: check_on_cuda(...).
     # Return (DecodeShape(...), (q, k, v, bt, cl, o)).
@@ -150,7 +150,8 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
 def _check_values(shape: DecodeShape, bt, cl, max_context_len: int | None) -> None:
     """The checks that read the block table and context lengths (a host copy)."""
     # TODO(lab4.0): read context_lens and block_tables to the host; context_lens in
-    # [0, min(table_tokens, max_context_len)] (ValueError naming context_lens[s]); every block id
+    # [0, min(table_tokens, max_context_len)] (ValueError naming context_lens[s]: the first
+    # negative one, else the first one too long; max_context_len=0 is a limit too); every block id
     # a sequence needs (its first ceil(len / block_size) slots) in [0, num_blocks) (IndexError
     # naming block_tables[s, j]). Padding past those slots is never read: ignore it.
     raise NotImplementedError("TODO(lab4.0): _check_values — block ids and context lengths")
@@ -288,7 +289,8 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
     # returns (a np.uint8 argument must not make the arithmetic wrap), then: partitions that would give
     # target_ctas_per_sm * num_sms CTAs; their length aligned to PARTITION_ALIGN (up, unless that
     # loses a partition), clamped to [PARTITION_ALIGN, max_partition_size]; enough of them to
-    # cover max_context_len (at least 1).
+    # cover max_context_len (at least 1; max_context_len=0 gives (1, PARTITION_ALIGN), after
+    # every argument is checked).
     raise NotImplementedError("TODO(lab4.3): plan_split_kv — how split-K cuts the contexts")
 
 

@@ -184,7 +184,8 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
     shape = DecodeShape(num_seqs, num_q_heads, num_kv_heads, head_size, num_blocks, block_size,
                         bt.shape[1], dtype, scale)
     if max_context_len is not None:
-        check_int("max_context_len", max_context_len, min_value=0)
+        # NOTE: rebind: a NumPy or 0-d torch integer becomes the Python int _check_values needs.
+        max_context_len = check_int("max_context_len", max_context_len, min_value=0)
 
     on_cpu = any(t.device.type == "cpu" for t in (q, k, v, bt, cl))
     if on_cpu or debug_enabled(debug):
@@ -206,10 +207,10 @@ def _check_values(shape: DecodeShape, bt, cl, max_context_len: int | None) -> No
                                                                   max_context_len)
     if (lens > limit).any():
         s = int(np.argmax(lens > limit))
-        what = ("the block table covers" if limit == shape.table_tokens
-                else "max_context_len allows")
-        raise ValueError(f"context_lens[{s}]={lens[s]} is longer than {what} ({limit} tokens = "
-                         f"{shape.max_blocks_per_seq} blocks of {shape.block_size})")
+        what = (f"the block table covers ({limit} tokens = {shape.max_blocks_per_seq} blocks "
+                f"of {shape.block_size})" if limit == shape.table_tokens
+                else f"max_context_len allows ({limit} tokens)")
+        raise ValueError(f"context_lens[{s}]={lens[s]} is longer than {what}")
     for s, n in enumerate(lens):
         used = table[s, : num_blocks_for(int(n), shape.block_size)]
         bad = (used < 0) | (used >= shape.num_blocks)
