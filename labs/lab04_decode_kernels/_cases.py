@@ -115,3 +115,51 @@ def assert_exact_zeros(got, seqs, what: str) -> None:
             f"{what}: sequence {s} has context_len 0, so its output must be exactly 0 (Lab 3's "
             f"contract), got {row.ravel()[:4]}... — NaN means it was never written (an early "
             "return before the store?), 0/0 shows as NaN too")
+
+
+# ----------------------------------------------------------------------------- given helpers
+# NOTE: tests call these through ``reference.grader.proxy.given``, so they run where the
+# student's code runs: grading isolated, a CuPy out= could not be shared with the worker, nor
+# could launches be recorded in the test's process.
+
+
+def fill_array_out(version: str, args: list, scale: float, return_lse: bool):
+    """Calls ``KERNELS[version]`` on CuPy (emulated: NumPy) copies of ``args`` with a NaN-filled
+    array ``out=``.
+
+    Returns:
+        ``(out as a torch tensor, whether lse came back as an array or None)``.
+    """
+    import torch
+
+    from reference.gpu import array_module, synchronize
+    from reference.loader import load_impl
+
+    xp = array_module()
+    arrays = [xp.from_dlpack(t) for t in args]
+    out = xp.full(tuple(arrays[0].shape), np.nan, dtype=arrays[0].dtype)
+    launch = load_impl("lab04_decode_kernels").KERNELS[version]
+    lse_is_array = None
+    if return_lse:
+        _, lse = launch(*arrays, scale, out=out, return_lse=True)
+        lse_is_array = isinstance(lse, xp.ndarray)
+    else:
+        launch(*arrays, scale, out=out)
+    synchronize()
+    return torch.from_dlpack(out).clone(), lse_is_array
+
+
+def record_launches_of(version: str, args: list, scale: float, **kwargs) -> list:
+    """The launches ``KERNELS[version](*args, scale, **kwargs)`` makes, recorded, not run.
+
+    Returns:
+        One ``(grid, block, compile options)`` per launch.
+    """
+    from reference import cuda as rcuda
+    from reference.loader import load_impl
+
+    launch = load_impl("lab04_decode_kernels").KERNELS[version]
+    with rcuda.capture_launches() as (launches, _):
+        launch(*args, scale, **kwargs)
+    return [(tuple(r.grid), tuple(r.block), list(rcuda.kernel_origin(r.kernel)[0].options))
+            for r in launches]

@@ -16,7 +16,8 @@ import torch
 from labs.lab04_decode_kernels.test_lab04_validation import call, cpu_batch
 from reference.errors import DeviceMismatchError
 from reference.expect import raises_naming
-from reference.gpu import array_module, kernel_skip_reason, synchronize
+from reference.grader.proxy import given
+from reference.gpu import kernel_skip_reason, synchronize
 
 SPLIT_VERSIONS = ["v3", "v4", "v5", "v6"]
 
@@ -210,20 +211,14 @@ def test_an_array_out_is_filled_and_lse_comes_back_as_an_array(impl, version):
     """With CuPy arrays (emulated: NumPy), an array out= is filled (through as_tensor, like
     every input), and v3..v6's return_lse gives lse back as an array of the same kind
     (finish(lse, query))."""
-    from labs.lab04_decode_kernels._cases import GpuCase, assert_matches
+    from labs.lab04_decode_kernels._cases import GpuCase, assert_matches, fill_array_out
 
-    xp = array_module()
     case = GpuCase(93, [17, 64], 8, 2, 128, 16)
-    args = [xp.from_dlpack(t) for t in case.args()]
-    out = xp.full(tuple(args[0].shape), np.nan, dtype=args[0].dtype)
+    out, lse_is_array = given(impl, fill_array_out)(version, list(case.args()), case.scale,
+                                                    version in SPLIT_VERSIONS)
     if version in SPLIT_VERSIONS:
-        _, lse = impl.KERNELS[version](*args, case.scale, out=out, return_lse=True)
-        assert isinstance(lse, xp.ndarray), (
-            f"{version}: {xp.__name__} inputs gave lse as a {type(lse).__name__}")
-    else:
-        impl.KERNELS[version](*args, case.scale, out=out)
-    synchronize()
-    assert_matches(out, case.ref, case.host_lens, case.dtype, f"{version} into a {xp.__name__} out=")
+        assert lse_is_array, f"{version}: CuPy (emulated: NumPy) inputs gave lse as a torch tensor"
+    assert_matches(out, case.ref, case.host_lens, case.dtype, f"{version} into an array out=")
 
 
 @needs_device
@@ -235,7 +230,7 @@ def test_split_launcher_plans_and_launches_with_the_kernels_limits(impl, version
     max_context_len (default: the table), and launches with its options: NUM_WARPS sets the
     threads, MAX_HEADS_PER_CTA caps the heads per CTA, the cap reaches the kernel as
     -DMAX_PARTITION_SIZE."""
-    from labs.lab04_decode_kernels._cases import GpuCase
+    from labs.lab04_decode_kernels._cases import GpuCase, record_launches_of
     from labs.lab04_decode_kernels._launch import V4_KERNEL, V6_KERNEL
     from reference import cuda as rcuda
 
@@ -248,15 +243,14 @@ def test_split_launcher_plans_and_launches_with_the_kernels_limits(impl, version
                                   rcuda.num_sms(q.device), block_size=16,
                                   target_ctas_per_sm=kernel.target_ctas_per_sm,
                                   max_partition_size=kernel.max_partition_size)
-        with rcuda.capture_launches() as (launches, _):
-            impl.KERNELS[version](q, k, v, bt, cl, case.scale, max_context_len=max_len,
-                                  tuning={"NUM_WARPS": 2, "MAX_HEADS_PER_CTA": 4})
-        grid, block = tuple(launches[0].grid), tuple(launches[0].block)
-        assert grid == (2, 16 // 4, want.num_partitions), (
+        launches = given(impl, record_launches_of)(
+            version, [q, k, v, bt, cl], case.scale, max_context_len=max_len,
+            tuning={"NUM_WARPS": 2, "MAX_HEADS_PER_CTA": 4})
+        grid, block, options = launches[0]
+        assert tuple(grid) == (2, 16 // 4, want.num_partitions), (
             f"{version}, max_context_len={max_len}: grid {grid}, expected (2, 4, "
             f"{want.num_partitions}) from plan_split_kv with the kernel's target and cap "
             "(and MAX_HEADS_PER_CTA=4 capping heads_per_cta)")
-        assert block == (64,), f"{version}: NUM_WARPS=2 gives 64 threads, got {block}"
-        options = rcuda.kernel_origin(launches[0].kernel)[0].options
+        assert tuple(block) == (64,), f"{version}: NUM_WARPS=2 gives 64 threads, got {block}"
         assert f"-DMAX_PARTITION_SIZE={kernel.max_partition_size}" in options, (
             f"{version}: options {options} lack -DMAX_PARTITION_SIZE={kernel.max_partition_size}")

@@ -198,3 +198,26 @@ def poison_allocator(nbytes: int) -> None:
     junk = torch.full((max(nbytes, 2) // 2,), float("nan"), dtype=torch.float16,
                       device=kernel_device())
     del junk
+
+
+def fill_array_out(kernel: str, batch: dict):
+    """Calls ``paged_prefill_<kernel>`` on CuPy (emulated: NumPy) copies of ``batch`` with a
+    NaN-filled array ``out=``.
+
+    NOTE: tests call it through ``reference.grader.proxy.given``, so it runs where the student's
+    code runs: grading isolated, a CuPy ``out=`` could not be shared with the worker.
+
+    Returns:
+        ``(whether the launcher returned out itself, out as a torch tensor)``.
+    """
+    import torch
+
+    from reference.gpu import array_module, synchronize
+    from reference.loader import load_impl
+
+    xp = array_module()
+    as_xp = {k: (xp.from_dlpack(v) if hasattr(v, "data_ptr") else v) for k, v in batch.items()}
+    out = xp.full(tuple(as_xp["query"].shape), np.nan, dtype=as_xp["query"].dtype)
+    got = launcher(load_impl("lab05_prefill_kernels"), kernel)(**as_xp, out=out)
+    synchronize()
+    return got is out, torch.from_dlpack(out).clone()

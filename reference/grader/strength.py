@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2,
                         help="mutants (and the labs of the solution and starter runs) checked "
                              "in parallel")
+    parser.add_argument("--only", nargs="+", metavar="MUTANT", default=None,
+                        help="with (c): check only these mutants (names), e.g. those a run cut "
+                             "short did not reach")
     parser.add_argument("--isolated", action="store_true",
                         help="run the implementations in the unprivileged worker, as grading does")
 
@@ -130,9 +133,15 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
     return mutant, None
 
 
-def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False) -> list[str]:
-    """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts."""
-    mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
+def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
+                  only: list[str] | None = None) -> list[str]:
+    """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts
+    (``only``: just the mutants of these names)."""
+    mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)
+               if only is None or m.name in only]
+    if only is not None and len(mutants) != len(set(only)):
+        missing = sorted(set(only) - {m.name for m in mutants})
+        return [f"--only names no mutant of these labs: {missing}"]
     # Under PAGEDLAB_DEVICE=emulate the GPU mutants run on the emulated device too; those whose
     # tests are GPU-only there (a real race that only racecheck sees) stay for a GPU machine.
     have_gpu = gpu_available() or emulation_requested()
@@ -269,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.skip_starter:
             problems += check_starter(labs, args.isolated, args.jobs)
         if not args.skip_mutants:
-            problems += check_mutants(labs, args.jobs, args.isolated)
+            problems += check_mutants(labs, args.jobs, args.isolated, args.only)
     except GradingRunError as exc:
         problems.append(f"a test run broke: {exc}")
     if problems:
