@@ -15,7 +15,8 @@ import torch
 
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, fill_array_out, launcher,
                                                make_batch, oracle)
-from labs.lab05_prefill_kernels.test_lab05_validation import LAUNCHERS, cpu_batch
+from labs.lab05_prefill_kernels.test_lab05_validation import (LAUNCHERS, assert_plan_error_says,
+                                                          cpu_batch)
 from reference.errors import UnsupportedConfigError
 from reference.expect import raises_naming
 from reference.gpu import kernel_skip_reason, synchronize
@@ -169,11 +170,8 @@ def test_plan_names_the_first_mistake_when_there_are_several(impl, cu, ctx, mess
     """With several mistakes the plan reports the first in the TODO's order (length, then
     cu_seqlens_q[0], then a decrease, then a short context) and, within one kind, the first
     bad sequence — not the largest drop or the largest shortfall."""
-    with pytest.raises(ValueError) as info:
-        impl.plan_query_tiles(np.asarray(cu, np.int32), np.asarray(ctx, np.int32))
-    assert message in str(info.value), (
-        f"plan_query_tiles({cu}, {ctx}) said {str(info.value)!r}; it should say {message!r} "
-        "(check in the TODO's order; the first bad index is np.argmax of the condition)")
+    assert_plan_error_says(impl, cu, ctx, message, "check in the TODO's order; the first bad "
+                           "index is np.argmax of the condition")
 
 
 @pytest.mark.points(1)

@@ -355,11 +355,17 @@ def test_plan_metadata_errors_name_the_first_bad_entry(impl, cu, ctx, message):
     cu_seqlens_q (both entries, after an empty sequence and a drop of 1 too), a first entry
     that is not 0, the first context shorter than its query (after one exactly as long), and
     the number of entries cu_seqlens_q needs (len(context_lens) + 1) when it has more or fewer."""
+    assert_plan_error_says(impl, cu, ctx, message, "the first bad index s found with np.argmax of "
+                           "the same condition, s + 1 its neighbour")
+
+
+def assert_plan_error_says(impl, cu, ctx, message: str, hint: str) -> None:
+    """plan_query_tiles(cu, ctx) as int32 arrays must raise ValueError containing ``message``."""
     with pytest.raises(ValueError) as info:
         impl.plan_query_tiles(np.asarray(cu, np.int32), np.asarray(ctx, np.int32))
     assert message in str(info.value), (
         f"plan_query_tiles({cu}, {ctx}) said {str(info.value)!r}; it should say {message!r} "
-        "(the first bad index s found with np.argmax of the same condition, s + 1 its neighbour)")
+        f"({hint})")
 
 
 @pytest.mark.points(1)
