@@ -19,7 +19,8 @@ import argparse
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import json
@@ -133,6 +134,12 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
     return mutant, None
 
 
+def _expected_cost(mutant: Mutant) -> tuple[bool, int, str]:
+    """Sort key, larger first: mutants whose tests run kernels, then by how many tests catch
+    them, then by lab (Lab 5's kernels compile slowest)."""
+    return (mutant.requires_gpu, len(_catching_tests(mutant)), mutant.lab)
+
+
 def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
                   only: list[str] | None = None) -> list[str]:
     """(c) Returns problems: mutants that escaped, are stale, or are missing from handouts
@@ -156,15 +163,29 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
                 problems.append(f"handout {m.lab}/README.md does not mention `{needle}` "
                                 f"(mutant {m.name})")
     print(f"(c) mutants: checking {len(runnable)} ({len(waiting)} need a GPU, not checked here)")
+    # NOTE: heaviest first, reported as each finishes. The GPU mutants compile their kernels
+    # from scratch in each run (an isolated worker has a fresh HOME, so no CuPy cache): started
+    # last, in order, they were the ones a time limit cut off, and printing in order hid which
+    # of the rest had finished.
+    runnable.sort(key=_expected_cost, reverse=True)
+    t0 = time.monotonic()
+
+    def timed(m: Mutant) -> tuple[Mutant, str | None, float]:
+        start = time.monotonic()
+        return (*_check_one(m, isolated), time.monotonic() - start)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for mutant, problem in pool.map(lambda m: _check_one(m, isolated), runnable):
+        futures = [pool.submit(timed, m) for m in runnable]
+        for future in as_completed(futures):
+            mutant, problem, seconds = future.result()
+            took = f" [{seconds:.0f} s, at {time.monotonic() - t0:.0f} s]"
             if problem is not None and problem.startswith(GPU_ONLY_PREFIX):
                 race = "; only a real race shows it" if mutant.needs_real_race else ""
                 print(f"      {mutant.lab}/{mutant.name}: needs a GPU ({problem[len(GPU_ONLY_PREFIX):]}"
                       f" is GPU-only under emulation{race})")
                 continue
             status = "caught" if problem is None else f"PROBLEM: {problem}"
-            print(f"      {mutant.lab}/{mutant.name}: {status}")
+            print(f"      {mutant.lab}/{mutant.name}: {status}{took}", flush=True)
             if problem:
                 problems.append(f"mutant {mutant.lab}/{mutant.name}: {problem}")
     for m in waiting:
