@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,6 +71,55 @@ def synchronize() -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+#: GPU cycles of the side stream's sleep, tried in turn (about 0.2, 1 and 4 s on an H100/H200).
+BUSY_STREAM_CYCLES = (400_000_000, 2_000_000_000, 8_000_000_000)
+
+
+def run_behind_busy_stream(poison, write, launch):
+    """Runs ``launch()`` on a fresh side stream that is still busy writing its input.
+
+    On the side stream: a sleep, then ``write()`` (the real input over the poisoned one), then
+    ``launch()``. A kernel launched on that stream waits for the write; one launched on any
+    other stream runs during the sleep and reads the poison. That only proves something if the
+    stream was still busy when ``launch()`` returned: graded isolated on a loaded machine the
+    call crosses to another process first and can outlast a short sleep, so then it is
+    repeated with a longer one.
+
+    Args:
+        poison: puts the poisoned input in place (called before each try, on the current stream).
+        write: enqueues the real input's write on the current (side) stream.
+        launch: the call under test.
+
+    Returns:
+        ``launch()``'s result from a try where the side stream was still busy when it returned,
+        after the stream has finished.
+
+    Raises:
+        AssertionError: the stream was idle by the time the call returned even after the
+            longest sleep (the call took longer than about 4 s).
+    """
+    import torch
+
+    for cycles in BUSY_STREAM_CYCLES:
+        poison()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            write()
+            result = launch()
+            still_busy = not side.query()
+        side.synchronize()
+        if still_busy:
+            return result
+        print(f"run_behind_busy_stream: the stream was idle when the call returned after a "
+              f"{cycles:,}-cycle sleep; trying a longer one", file=sys.stderr)
+    raise AssertionError(
+        f"the side stream's sleep ({BUSY_STREAM_CYCLES[-1]:,} cycles) was over before the call "
+        "returned: the call spent seconds on the host (a synchronisation inside it?), so this "
+        "test cannot tell which stream it launched on")
 
 
 def array_module():

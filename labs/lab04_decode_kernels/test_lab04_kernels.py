@@ -22,7 +22,8 @@ import pytest
 from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.errors import DeviceMismatchError
-from reference.gpu import array_module, gpu_skip_reason, kernel_skip_reason, synchronize
+from reference.gpu import (array_module, gpu_skip_reason, kernel_skip_reason, run_behind_busy_stream,
+                           synchronize)
 from reference.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.emulated, pytest.mark.skipif(kernel_skip_reason() is not None,
@@ -159,7 +160,8 @@ def test_split_k_partitions_merge_exactly(impl, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_runs_on_the_current_torch_stream(impl, version):
     """Launched inside ``torch.cuda.stream(s)``, the kernel runs on s: it sees the query that s
-    writes after a 0.2 s sleep (a kernel on any other stream would read the NaN before it).
+    writes after a sleep of 0.2 s or more (a kernel on any other stream would read the NaN
+    before it; ``reference.gpu.run_behind_busy_stream``).
     Emulated (launches are synchronous there), every launch must be *given* torch's current
     stream: it goes through ``reference.cuda.launch``, not a direct kernel call."""
     import torch
@@ -176,16 +178,11 @@ def test_runs_on_the_current_torch_stream(impl, version):
             "instead of calling the kernel object, which uses CuPy's default stream")
         return
     true_query = case.query
-    case.query = torch.full_like(true_query, float("nan"))
-    synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        # ~0.2 s of GPU time on this stream only: longer than anything before the launch can
-        # take (graded isolated on a busy machine, a call crosses to another process first)
-        torch.cuda._sleep(400_000_000)
-        case.query.copy_(true_query)
-        got = impl.KERNELS[version](*case.args(), case.scale)
-    stream.synchronize()
+    case.query = torch.empty_like(true_query)
+    got = run_behind_busy_stream(
+        poison=lambda: case.query.fill_(float("nan")),
+        write=lambda: case.query.copy_(true_query),
+        launch=lambda: impl.KERNELS[version](*case.args(), case.scale))
     assert_matches(got, case.ref, case.host_lens, case.dtype,
                    f"{version} on a side stream (NaN: it ran before the stream's copy — launched "
                    "on the default stream instead of torch.cuda.current_stream()?)")

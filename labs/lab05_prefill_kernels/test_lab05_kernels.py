@@ -22,7 +22,7 @@ import pytest
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
                                                oracle, poison_allocator)
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
-from reference.gpu import array_module, kernel_skip_reason, synchronize
+from reference.gpu import array_module, kernel_skip_reason, run_behind_busy_stream, synchronize
 from reference.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.emulated,
@@ -203,16 +203,10 @@ def test_launches_on_the_current_torch_stream(impl, kernel):
     fn = launcher(impl, kernel)
     fn(**batch, plan=plan)  # compile, upload the plan: nothing left that would sync the host
     real_query = batch["query"]
-    query = torch.full_like(real_query, float("nan"))
-    synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        # ~0.2 s of GPU time on this stream only: longer than anything before the launch can
-        # take (graded isolated on a busy machine, a call crosses to another process first)
-        torch.cuda._sleep(400_000_000)
-        query.copy_(real_query)
-        out = fn(**{**batch, "query": query}, plan=plan)
-    synchronize()
+    query = torch.empty_like(real_query)
+    out = run_behind_busy_stream(poison=lambda: query.fill_(float("nan")),
+                                 write=lambda: query.copy_(real_query),
+                                 launch=lambda: fn(**{**batch, "query": query}, plan=plan))
     check_close(out, ref, batch, dtype="float16",
                 what=f"{kernel} kernel on a side stream (NaN here: it ran on another stream)")
 
