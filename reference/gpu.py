@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 
@@ -83,9 +84,14 @@ def run_behind_busy_stream(poison, write, launch):
     On the side stream: a sleep, then ``write()`` (the real input over the poisoned one), then
     ``launch()``. A kernel launched on that stream waits for the write; one launched on any
     other stream runs during the sleep and reads the poison. That only proves something if the
-    stream was still busy when ``launch()`` returned: graded isolated on a loaded machine the
-    call crosses to another process first and can outlast a short sleep, so then it is
-    repeated with a longer one.
+    kernel was launched before the sleep ended. In one process that is known: the stream is
+    still busy when ``launch()`` returns (nothing in a launch waits for the GPU), and if it is
+    not, the try is repeated behind a longer sleep (a loaded machine's host can outlast 0.2 s).
+
+    NOTE: graded isolated the call crosses to the worker process, which waits for its stream
+    (and so for this sleep) before it answers: the stream is always idle by then, and the
+    check above cannot tell. There the sleep is 1 s from the start, five times the one under
+    which Lab 5's default-stream mutant once escaped (at -j 28 on a 2-GPU machine).
 
     Args:
         poison: puts the poisoned input in place (called before each try, on the current stream).
@@ -93,16 +99,18 @@ def run_behind_busy_stream(poison, write, launch):
         launch: the call under test.
 
     Returns:
-        ``launch()``'s result from a try where the side stream was still busy when it returned,
-        after the stream has finished.
+        ``launch()``'s result, once the side stream has finished.
 
     Raises:
-        AssertionError: the stream was idle by the time the call returned even after the
-            longest sleep (the call took longer than about 4 s).
+        AssertionError: in one process, the stream was idle by the time the call returned even
+            after the longest sleep (the call spent seconds on the host).
     """
     import torch
 
-    for cycles in BUSY_STREAM_CYCLES:
+    from reference.grader.sandbox import ISOLATED_ENV
+
+    isolated = bool(os.environ.get(ISOLATED_ENV))
+    for cycles in BUSY_STREAM_CYCLES[1:2] if isolated else BUSY_STREAM_CYCLES:
         poison()
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
@@ -112,7 +120,7 @@ def run_behind_busy_stream(poison, write, launch):
             result = launch()
             still_busy = not side.query()
         side.synchronize()
-        if still_busy:
+        if still_busy or isolated:
             return result
         print(f"run_behind_busy_stream: the stream was idle when the call returned after a "
               f"{cycles:,}-cycle sleep; trying a longer one", file=sys.stderr)
