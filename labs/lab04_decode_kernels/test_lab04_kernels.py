@@ -22,8 +22,8 @@ import pytest
 from labs.lab04_decode_kernels._cases import GpuCase, assert_exact_zeros, assert_matches
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.errors import DeviceMismatchError
-from reference.gpu import (array_module, gpu_skip_reason, kernel_skip_reason, run_behind_busy_stream,
-                           synchronize)
+from reference.gpu import (array_module, gpu_skip_reason, kernel_skip_reason,
+                           run_behind_busy_stream, synchronize)
 from reference.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.emulated, pytest.mark.skipif(kernel_skip_reason() is not None,
