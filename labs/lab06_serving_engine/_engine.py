@@ -134,7 +134,8 @@ class LLMBase:
         sequences: live requests by seq_id; next_seq_id: the id the next request gets.
         num_steps: engine steps run; peak_num_used_blocks: most blocks in use after a schedule.
         last_scheduled: the latest step's (request, number of new tokens) pairs.
-        last_logits: seq_id -> the logits its latest token was sampled from.
+        last_logits: seq_id -> the logits it sampled from, for the requests that sampled a
+            token in the latest step only (replaced each step, not added to).
     """
 
     _block_manager_class: type = KVBlockManagerBase

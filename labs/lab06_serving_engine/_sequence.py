@@ -36,8 +36,10 @@ class Sequence:
             (``block_hashes[i]`` belongs to ``block_table[i]``).
         status: waiting, running or finished.
         num_preemptions: how often the request lost its blocks and was re-queued.
-        first_token_step: the engine step that produced the first output token (TTFT in steps).
-        num_cached_prompt_tokens: tokens served from the prefix cache at its latest admission.
+        first_token_step: the engine step that produced the first output token (TTFT in steps),
+            counted from 0: the value of ``num_steps`` before that step's increment.
+        num_cached_prompt_tokens: tokens served from the prefix cache at its latest admission
+            (after a preemption the match may cover output tokens too: the name is vLLM's).
     """
 
     seq_id: int

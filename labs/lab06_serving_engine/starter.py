@@ -184,7 +184,18 @@ class Scheduler(SchedulerBase):
         raise NotImplementedError("TODO(lab6.5): schedule — continuous batching under a token budget")
 
     def _admit(self, seq: Sequence, budget: int, scheduled: list[tuple[Sequence, int]]) -> bool:
-        """Moves the head of the waiting queue to the running batch if its blocks fit."""
+        """Moves the head of the waiting queue to the running batch if its blocks fit.
+
+        Args:
+            seq: the head of the waiting queue (``waiting[0]``).
+            budget: tokens left in this step's budget (> 0); the first chunk is capped by it.
+            scheduled: this step's (request, tokens) pairs; an admitted request is appended.
+
+        Returns:
+            True if admitted; False if its blocks do not fit, with nothing changed (it stays at
+            the head and ``schedule`` stops admitting). ``schedule`` checks ``max_num_seqs``
+            and the budget before calling.
+        """
         # TODO(lab6.5): match the prefix, size the first chunk, check the blocks fit; only then
         # pop, use_prefix, allocate, mark RUNNING, append to running and scheduled.
         raise NotImplementedError("TODO(lab6.5): _admit — admit the head of the waiting queue")
@@ -260,7 +271,8 @@ class LLM(LLMBase):
             name: how error messages name the prompt (e.g. ``"prompts[2]"``).
 
         Raises:
-            TypeError: ``prompt`` not a list of ints, ``params`` not a ``SamplingParams``.
+            TypeError: ``prompt`` not a list of ints; ``params`` not a ``SamplingParams`` (the
+                message names ``sampling_params``).
             ValueError: empty prompt, a token id outside ``[0, vocab_size)``.
             reference.errors.SequenceTooLongError: ``len(prompt) + max_tokens`` exceeds
                 ``max_model_len`` (which the pool can always hold).
@@ -292,13 +304,16 @@ class LLM(LLMBase):
     def step(self) -> list[RequestOutput]:
         """Runs one engine step: schedule, prepare inputs, run the model, sample, book.
 
-        Sets ``last_scheduled`` (this step's (request, tokens) pairs) and ``last_logits``.
+        Sets ``last_scheduled`` (this step's (request, tokens) pairs) and ``last_logits``
+        (replaced, not added to: only the requests that sampled a token this step).
 
         Returns:
             Outputs of the requests that finished this step.
 
         Raises:
-            RuntimeError: requests are unfinished but the scheduler scheduled no token.
+            RuntimeError: the scheduler scheduled no token, whether requests are unfinished but
+                cannot progress or there is no request at all (call it while
+                ``has_unfinished_requests()``).
         """
         # TODO(lab6.6): schedule (RuntimeError if nothing was scheduled), set last_scheduled,
         # track peak_num_used_blocks, prepare_inputs, model.forward, sample the requests whose
@@ -318,8 +333,13 @@ class LLM(LLMBase):
             One ``RequestOutput`` per prompt, in the prompts' order.
 
         Raises:
-            TypeError / ValueError / SequenceTooLongError: a bad prompt or parameter; nothing
-            was queued (every request is checked before the first is added).
+            TypeError: ``sampling_params`` neither a ``SamplingParams`` nor a list of them (the
+                message names ``sampling_params``); a prompt :meth:`check_request` refuses.
+            ValueError: a list of ``sampling_params`` not exactly one per prompt (the message
+                names ``sampling_params``); a prompt :meth:`check_request` refuses.
+            reference.errors.SequenceTooLongError: as :meth:`check_request`.
+            In each case nothing was queued: every request is checked before the first is added,
+            and each prompt's error names it ``prompts[i]``.
         """
         # TODO(lab6.6): check every request first (nothing queued on a bad one), add them all,
         # step until each has finished, return outputs in prompt order.

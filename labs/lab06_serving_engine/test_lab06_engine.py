@@ -93,7 +93,8 @@ def test_chunked_prefill_forced_small_matches(impl):
 @pytest.mark.points(3)
 def test_step_logits_match_the_dense_model(impl):
     """The logits each token was sampled from are within 1e-6 of the dense model's logits for the
-    same prefix, through chunking and preemption.
+    same prefix, through chunking and preemption; ``last_logits`` holds only the requests
+    scheduled (and sampled) in the latest step.
 
     NOTE: the model is float64 but, like transformers, normalises and takes the softmax in
     float32, so batching differently moves logits by ~1e-7; a wrong slot, block or position
@@ -106,8 +107,14 @@ def test_step_logits_match_the_dense_model(impl):
     worst = 0.0
     while llm.has_unfinished_requests():
         llm.step()
+        scheduled = {s.seq_id: s for s, _ in llm.last_scheduled}
+        stale = sorted(set(llm.last_logits) - set(scheduled))
+        assert not stale, (
+            f"step {llm.num_steps}: last_logits holds seq_ids {stale}, which were not scheduled "
+            "this step: last_logits must be replaced each step, holding only the requests that "
+            "sampled a token in it (LLM.step's docstring)")
         for seq_id, logits in llm.last_logits.items():
-            seq = next(s for s, _ in llm.last_scheduled if s.seq_id == seq_id)
+            seq = scheduled[seq_id]
             dense = model.dense_logits(seq.token_ids[:-1])[-1]
             worst = max(worst, float((logits - dense).abs().max()))
     assert worst < 1e-6, (

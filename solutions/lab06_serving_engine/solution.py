@@ -230,7 +230,18 @@ class Scheduler(SchedulerBase):
         return scheduled
 
     def _admit(self, seq: Sequence, budget: int, scheduled: list[tuple[Sequence, int]]) -> bool:
-        """Moves the head of the waiting queue to the running batch if its blocks fit."""
+        """Moves the head of the waiting queue to the running batch if its blocks fit.
+
+        Args:
+            seq: the head of the waiting queue (``waiting[0]``).
+            budget: tokens left in this step's budget (> 0); the first chunk is capped by it.
+            scheduled: this step's (request, tokens) pairs; an admitted request is appended.
+
+        Returns:
+            True if admitted; False if its blocks do not fit, with nothing changed (it stays at
+            the head and ``schedule`` stops admitting). ``schedule`` checks ``max_num_seqs``
+            and the budget before calling.
+        """
         bm = self.block_manager
         block_ids, hashes = bm.match_prefix(seq)
         num_cached = len(block_ids) * bm.block_size
@@ -352,7 +363,8 @@ class LLM(LLMBase):
             name: how error messages name the prompt (e.g. ``"prompts[2]"``).
 
         Raises:
-            TypeError: ``prompt`` not a list of ints, ``params`` not a ``SamplingParams``.
+            TypeError: ``prompt`` not a list of ints; ``params`` not a ``SamplingParams`` (the
+                message names ``sampling_params``).
             ValueError: empty prompt, a token id outside ``[0, vocab_size)``.
             reference.errors.SequenceTooLongError: ``len(prompt) + max_tokens`` exceeds
                 ``max_model_len`` (which the pool can always hold).
@@ -403,13 +415,16 @@ class LLM(LLMBase):
     def step(self) -> list[RequestOutput]:
         """Runs one engine step: schedule, prepare inputs, run the model, sample, book.
 
-        Sets ``last_scheduled`` (this step's (request, tokens) pairs) and ``last_logits``.
+        Sets ``last_scheduled`` (this step's (request, tokens) pairs) and ``last_logits``
+        (replaced, not added to: only the requests that sampled a token this step).
 
         Returns:
             Outputs of the requests that finished this step.
 
         Raises:
-            RuntimeError: requests are unfinished but the scheduler scheduled no token.
+            RuntimeError: the scheduler scheduled no token, whether requests are unfinished but
+                cannot progress or there is no request at all (call it while
+                ``has_unfinished_requests()``).
         """
         scheduled = self.scheduler.schedule()
         self.last_scheduled = scheduled
@@ -447,8 +462,13 @@ class LLM(LLMBase):
             One ``RequestOutput`` per prompt, in the prompts' order.
 
         Raises:
-            TypeError / ValueError / SequenceTooLongError: a bad prompt or parameter; nothing
-            was queued (every request is checked before the first is added).
+            TypeError: ``sampling_params`` neither a ``SamplingParams`` nor a list of them (the
+                message names ``sampling_params``); a prompt :meth:`check_request` refuses.
+            ValueError: a list of ``sampling_params`` not exactly one per prompt (the message
+                names ``sampling_params``); a prompt :meth:`check_request` refuses.
+            reference.errors.SequenceTooLongError: as :meth:`check_request`.
+            In each case nothing was queued: every request is checked before the first is added,
+            and each prompt's error names it ``prompts[i]``.
         """
         if not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
