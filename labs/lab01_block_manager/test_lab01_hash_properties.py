@@ -4,14 +4,12 @@ collide by construction, a non-negative 64-bit int, and the same value in every 
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 
 import pytest
 
-from reference.paths import REPO_ROOT
+from reference.child import run_with_implementation
 
 LAB = "lab01_block_manager"
 
@@ -33,10 +31,10 @@ print(json.dumps(out))
 
 
 def _hashes_in_a_child(hash_seed: str) -> list:
-    env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _CHILD, LAB, json.dumps(_PROBE_BLOCKS)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # NOTE: the child runs the implementation: graded isolated, as the worker user.
+    done = run_with_implementation([sys.executable, "-s", "-c", _CHILD, LAB,
+                                    json.dumps(_PROBE_BLOCKS)],
+                                   env={"PYTHONHASHSEED": hash_seed}, timeout=120)
     assert done.returncode == 0, f"the child process failed:\n{done.stderr[-2000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -8,13 +8,7 @@ Skipped, with the reason, on a machine without a CUDA GPU and CuPy.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +18,7 @@ from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.errors import DeviceMismatchError
 from reference.gpu import (array_module, gpu_skip_reason, kernel_skip_reason,
                            run_behind_busy_stream, synchronize)
-from reference.paths import REPO_ROOT
+from reference.sanitizer import find_compute_sanitizer, racecheck_summary, run_racecheck
 
 pytestmark = [pytest.mark.emulated, pytest.mark.skipif(kernel_skip_reason() is not None,
                                                        reason=f"GPU-REQ: {kernel_skip_reason()}")]
@@ -333,14 +327,6 @@ RACECHECK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if not found and home and Path(home, "bin", "compute-sanitizer").exists():
-            found = str(Path(home, "bin", "compute-sanitizer"))
-    return found
-
-
 @pytest.mark.points(2)
 def test_no_shared_memory_race_under_racecheck(impl):
     """compute-sanitizer's racecheck reports no shared-memory hazard in any kernel (a missing
@@ -364,18 +350,17 @@ def test_no_shared_memory_race_under_racecheck(impl):
                 "barrier between (reusing a buffer without __syncthreads()? reading a cp.async "
                 "destination before the wait that lands it?)")
         return
-    sanitizer = _sanitizer()
+    sanitizer = find_compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer is not installed (it ships with the CUDA toolkit)")
-    env = dict(os.environ, PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sanitizer, "--tool", "racecheck", "--error-exitcode", "99",
-                           sys.executable, "-c", RACECHECK_SCRIPT], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    # NOTE: the script runs the implementation: graded isolated, as the worker user.
+    proc = run_racecheck(sanitizer, RACECHECK_SCRIPT, tool_args=("--error-exitcode", "99"),
+                         timeout=900)
     output = proc.stdout + proc.stderr
-    summary = re.search(r"RACECHECK SUMMARY: (\d+) hazard", output)
-    assert proc.returncode == 0 and summary and summary.group(1) == "0", (
-        f"racecheck exit code {proc.returncode}, summary "
-        f"{summary.group(0) if summary else 'missing'}; a hazard means two threads touch the same "
+    summary = racecheck_summary(output)
+    assert proc.returncode == 0 and summary == (0, 0), (
+        f"racecheck exit code {proc.returncode}, summary (hazards, errors) "
+        f"{summary or 'missing or not exactly one'}; a hazard means two threads touch the same "
         "shared memory with no barrier between (reusing a buffer without __syncthreads()?). "
         f"Output tail:\n{output[-3000:]}")
 

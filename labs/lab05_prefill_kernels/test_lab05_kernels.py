@@ -9,12 +9,6 @@ blocks: ``_cases.emulated_length``).
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +17,7 @@ from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, m
                                                oracle, poison_allocator)
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.gpu import array_module, kernel_skip_reason, run_behind_busy_stream, synchronize
-from reference.paths import REPO_ROOT
+from reference.sanitizer import find_compute_sanitizer, racecheck_summary, run_racecheck
 
 pytestmark = [pytest.mark.emulated,
               pytest.mark.skipif(kernel_skip_reason() is not None, reason=kernel_skip_reason() or "")]
@@ -237,16 +231,6 @@ def test_debug_mode_checks_block_ids_on_the_gpu(impl, kernel):
         launcher(impl, kernel)(**batch, debug=True)
 
 
-def compute_sanitizer() -> str | None:
-    """Returns the compute-sanitizer executable (CUDA toolkit), or None."""
-    for candidate in (shutil.which("compute-sanitizer"),
-                      *(Path(h) / "bin" / "compute-sanitizer" for h in
-                        (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if h)):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    return None
-
-
 RACE_EXIT = 86  # compute-sanitizer's exit code when it reports an error
 
 RACECHECK_SCRIPT = """
@@ -282,18 +266,20 @@ def test_shared_memory_has_no_races_under_racecheck(impl, kernel):
                 "thread reads (or overwrites) shared memory another thread wrote with no "
                 f"__syncthreads() in between:\n{report.summary()}")
         return
-    tool = compute_sanitizer()
+    tool = find_compute_sanitizer()
     if tool is None:
         pytest.skip("compute-sanitizer (CUDA toolkit) not found on PATH or under CUDA_HOME")
-    proc = subprocess.run(
-        [tool, "--tool", "racecheck", "--print-limit", "5", "--error-exitcode", str(RACE_EXIT),
-         sys.executable, "-c", RACECHECK_SCRIPT.format(kernel=kernel)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=170)
+    # NOTE: the script runs the implementation: graded isolated, as the worker user.
+    proc = run_racecheck(tool, RACECHECK_SCRIPT.format(kernel=kernel),
+                         tool_args=("--print-limit", "5", "--error-exitcode", str(RACE_EXIT)),
+                         timeout=170)
     out = proc.stdout + proc.stderr
     assert "KERNEL_DONE" in out, (f"the {kernel} kernel did not run to completion under "
                                   f"racecheck (exit {proc.returncode}):\n{out[-3000:]}")
-    summary = re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?", out)
-    errors = int(summary.group(1)) if summary else int(proc.returncode == RACE_EXIT)
+    summary = racecheck_summary(out)
+    assert summary is not None, (f"racecheck printed {out.count('RACECHECK SUMMARY')} summary "
+                                 f"lines, expected exactly one:\n{out[-3000:]}")
+    errors = summary[1]
     assert errors == 0 and proc.returncode != RACE_EXIT, (
         f"racecheck found {errors} shared-memory hazard(s) in the {kernel} kernel — a thread "
         f"reads (or overwrites) shared memory another thread wrote with no __syncthreads() in "

@@ -223,6 +223,26 @@ def make_worker_home() -> Path:
     return home
 
 
+def worker_argv(argv: list[str], how: str, home: Path,
+                **extra_env: str) -> tuple[list[str], dict]:
+    """Returns (argv, extra Popen keyword arguments) that run ``argv`` as the worker user, with
+    the worker's environment (:data:`ENV_ALLOW`, its own HOME and TMPDIR) and ``extra_env``.
+
+    Args:
+        argv: the command.
+        how: from :func:`ensure_worker_user`.
+        home: from :func:`make_worker_home`.
+        **extra_env: more variables (e.g. ``PYTHONPATH`` for the workbook).
+    """
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPYCACHEPREFIX=str(home / "pycache"), PYTHONNOUSERSITE="1", **extra_env)
+    # NOTE: `env -i` builds the environment from nothing, also through sudo (which resets
+    # it on its own terms).
+    return [*_switch(how), "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv], \
+        _popen_user(how)
+
+
 def worker_command(module_args: list[str], how: str, home: Path) -> tuple[list[str], dict]:
     """Returns (argv, extra Popen keyword arguments) that start a worker.
 
@@ -231,12 +251,6 @@ def worker_command(module_args: list[str], how: str, home: Path) -> tuple[list[s
         how: from :func:`ensure_worker_user`.
         home: from :func:`make_worker_home`.
     """
-    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
-    env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPYCACHEPREFIX=str(home / "pycache"), PYTHONNOUSERSITE="1")
-    # NOTE: `env -i` builds the environment from nothing, also through sudo (which resets
-    # it on its own terms); the interpreter runs with -s (no user site) and -E is not used
-    # since the variables above are the whole environment anyway.
-    argv = [*_switch(how), "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-            *python_argv("reference.grader.worker", *module_args)]
-    return argv, _popen_user(how)
+    # NOTE: the interpreter runs with -s (no user site) and -E is not used since the worker's
+    # variables are the whole environment anyway.
+    return worker_argv(python_argv("reference.grader.worker", *module_args), how, home)
