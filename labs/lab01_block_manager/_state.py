@@ -128,11 +128,14 @@ class _SlipInLock:
         self.release()
 
 
-def _outcome(call) -> tuple:
-    """(``"ok"``, the value) or (``"raised"``, the exception's class name)."""
+def _outcome(call, messages: list | None = None) -> tuple:
+    """(``"ok"``, the value) or (``"raised"``, the exception's class name); the exception's
+    text goes to ``messages`` (for the failure message, not the comparison)."""
     try:
         return ("ok", call())
     except Exception as exc:  # noqa: BLE001 — the outcome is the point
+        if messages is not None:
+            messages.append(f"{type(exc).__name__}: {exc}")
         return ("raised", type(exc).__name__)
 
 
@@ -150,13 +153,15 @@ def call_with_another_slipped_in(scenario: str) -> dict:
             ``free`` of it after the first release).
 
     Returns:
-        ``{"call": outcome, "other": outcome, "ref_counts": [...]}``, outcomes as
-        ``("ok", value)`` or ``("raised", "ErrorName")``.
+        ``{"call": outcome, "other": outcome, "ref_counts": [...], "errors": [...]}``,
+        outcomes as ``("ok", value)`` or ``("raised", "ErrorName")``, ``errors`` the raised
+        exceptions' texts.
     """
     from reference.loader import load_impl
 
     impl = load_impl("lab01_block_manager")
     other: list = []
+    errors: list = []
     if scenario == "get_computed_blocks":
         bm = impl.BlockManager(2)
         h0 = impl.hash_block_tokens(None, [1])
@@ -166,22 +171,23 @@ def call_with_another_slipped_in(scenario: str) -> dict:
         bm.cache_block(1, h1)
         bm.free(0)
         bm.free(1)
-        bm._lock = _SlipInLock("post", lambda: other.append(_outcome(bm.allocate)))
-        result = _outcome(lambda: bm.get_computed_blocks([h0, h1]))
+        bm._lock = _SlipInLock("post", lambda: other.append(_outcome(bm.allocate, errors)))
+        result = _outcome(lambda: bm.get_computed_blocks([h0, h1]), errors)
     elif scenario == "get_cached_block":
         bm = impl.BlockManager(1)
         h = impl.hash_block_tokens(None, [7])
         bm.cache_block(bm.allocate(), h)
         bm.free(0)
-        bm._lock = _SlipInLock("pre", lambda: other.append(_outcome(bm.allocate)))
-        result = _outcome(lambda: bm.get_cached_block(h))
+        bm._lock = _SlipInLock("pre", lambda: other.append(_outcome(bm.allocate, errors)))
+        result = _outcome(lambda: bm.get_cached_block(h), errors)
     elif scenario == "free_blocks":
         bm = impl.BlockManager(2)
         block_id = bm.allocate()
-        bm._lock = _SlipInLock("post", lambda: other.append(_outcome(lambda: bm.free(block_id))))
-        result = _outcome(lambda: bm.free_blocks([block_id]))
+        bm._lock = _SlipInLock("post", lambda: other.append(
+            _outcome(lambda: bm.free(block_id), errors)))
+        result = _outcome(lambda: bm.free_blocks([block_id]), errors)
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     bm._lock = threading.Lock()
     return {"call": result, "other": other[0] if other else None,
-            "ref_counts": [bm.get_ref_count(i) for i in range(bm.num_blocks)]}
+            "ref_counts": [bm.get_ref_count(i) for i in range(bm.num_blocks)], "errors": errors}

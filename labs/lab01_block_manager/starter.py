@@ -306,7 +306,8 @@ class BlockManager:
             BlockNotAllocatedError: the block is free.
             ValueError: the block is already cached under a different hash.
         """
-        # TODO(lab1.6): set block.block_hash and the map entry; mind the three refusals above.
+        # TODO(lab1.6): set block.block_hash and the map entry; mind the refusals above (a bad
+        # argument, a free block, another hash) and the False case (another block has the hash).
         raise NotImplementedError("TODO(lab1.6): BlockManager.cache_block — register by hash")
 
     def get_cached_block(self, block_hash: int) -> int | None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from labs.lab01_block_manager._state import check_invariants, snapshot
+from reference.expect import raises_naming
 
 
 def _links(blocks) -> list:
@@ -57,11 +58,12 @@ def test_free_queue_refuses_bad_lists_and_foreign_blocks_without_relinking(impl)
     blocks = [impl.KVCacheBlock(block_id=i) for i in range(4)]
     q1 = impl.FreeBlockQueue(blocks[:2])
     q2 = impl.FreeBlockQueue(blocks[2:])
-    with pytest.raises(ValueError):
-        q1.remove(blocks[2])
+    foreign = ("a block's links say that it is queued, not in which queue — keep track of this "
+               "queue's own blocks")
+    raises_naming(lambda: q1.remove(blocks[2]), ValueError, None,
+                  "remove() of a block that sits in another queue", accepted_hint=f": {foreign}")
     assert q1.block_ids() == [0, 1] and q2.block_ids() == [2, 3] and len(q1) == len(q2) == 2, (
-        "removing another queue's block relinked its neighbours: a block's links say that it "
-        "is queued, not in which queue — keep track of this queue's own blocks")
+        f"removing another queue's block relinked its neighbours: {foreign}")
     fresh = [impl.KVCacheBlock(block_id=i) for i in range(3)]
     for bad in ([fresh[0], fresh[1], fresh[0]], [fresh[0], "block 1"]):
         with pytest.raises((TypeError, ValueError)):
@@ -106,14 +108,16 @@ def test_half_linked_block_counts_as_queued(impl):
     for links in ({"prev_free": other}, {"next_free": other}):
         q = impl.FreeBlockQueue([impl.KVCacheBlock(block_id=0)])
         half = impl.KVCacheBlock(block_id=1, **links)
-        with pytest.raises(ValueError):
-            q.append(half)
+        why = (": test each link on its own (`or`, not `and`) — a block with one link is still "
+               "in some queue")
+        raises_naming(lambda: q.append(half), ValueError, None,
+                      f"append() of a block with only {next(iter(links))} set", accepted_hint=why)
         assert q.block_ids() == [0] and len(q) == 1, (
-            f"append() accepted a block with only {next(iter(links))} set: test each link on "
-            "its own (`or`, not `and`) — a block with one link is still in some queue")
+            f"append() of a block with only {next(iter(links))} set changed the queue{why}")
         fresh = impl.KVCacheBlock(block_id=2)
-        with pytest.raises(ValueError):
-            impl.FreeBlockQueue([fresh, half])
+        raises_naming(lambda: impl.FreeBlockQueue([fresh, half]), ValueError, None,
+                      f"FreeBlockQueue([fresh, block with only {next(iter(links))} set])",
+                      accepted_hint=why)
         assert _links([fresh]) == [(True, True)], (
             f"FreeBlockQueue([fresh, block with only {next(iter(links))} set]) linked `fresh` "
             "before refusing: the up-front check must refuse every block append() would refuse")

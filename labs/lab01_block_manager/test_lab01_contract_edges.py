@@ -9,6 +9,7 @@ import torch
 
 from labs.lab01_block_manager._state import call_with_another_slipped_in, snapshot
 from reference.errors import BlockNotAllocatedError, DoubleFreeError
+from reference.expect import raises_naming
 from reference.grader.proxy import given
 
 
@@ -63,8 +64,10 @@ def test_a_queue_refuses_a_block_that_moved_to_another_queue(impl):
     q1 = impl.FreeBlockQueue([impl.KVCacheBlock(block_id=0), impl.KVCacheBlock(block_id=1)])
     moved = q1.popleft()
     q2 = impl.FreeBlockQueue([moved])
-    with pytest.raises(ValueError):
-        q1.remove(moved)
+    raises_naming(lambda: q1.remove(moved), ValueError, None,
+                  "q1.remove() of a block q1 handed out and q2 now holds",
+                  accepted_hint=": likely cause: popleft or remove does not keep the queue's own "
+                                "member set")
     got = (q1.block_ids(), len(q1), q2.block_ids(), len(q2))
     assert got == ([1], 1, [0], 1), (
         f"after the refused remove: (q1, len, q2, len) = {got} — likely cause: popleft or "
@@ -91,5 +94,5 @@ def test_calls_stay_atomic_when_another_call_slips_in(impl, scenario):
     got = (tuple(call), tuple(other) if other else None)
     assert got in [(tuple(c), tuple(o)) for c, o in serial] and min(refs) >= 0, (
         f"{scenario} with a competing call let in gave {got}, ref counts {refs}; a serial order "
-        f"gives one of {serial} — likely cause: the lock taken more than once in one call, or "
-        "state read before taking it")
+        f"gives one of {serial} (errors raised: {seen['errors'] or 'none'}) — likely cause: the "
+        "lock taken more than once in one call, or state read before taking it")
