@@ -91,7 +91,9 @@ def assert_matches(got, ref, lens, dtype: str, what: str) -> None:
         raise AssertionError(
             f"{what}: output[{s}, {h}, {d}] is {got[s, h, d]} (context_len={lens[s]}). NaN means "
             "the kernel read a poisoned value — a row past the sequence's last token, an unused "
-            "block, a wrong block-table entry — or never wrote that element of the output.")
+            "block, a wrong block-table entry, shared memory read before any thread wrote it "
+            "(a missing __syncthreads(); emulated, fresh shared memory is NaN) — or never wrote "
+            "that element of the output.")
     diff = np.abs(got - ref)
     rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
     worst = np.unravel_index(np.argmax(diff), diff.shape)

@@ -129,8 +129,10 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
         (``out`` may be None).
 
     Raises:
-        TypeError: not a tensor, or a wrong dtype.
-        ValueError: a wrong rank, shape, contiguity or scale; a context the table cannot hold.
+        TypeError: not a tensor, or a wrong dtype (``query``, the caches, the metadata).
+        ValueError: a wrong rank, shape, contiguity or scale; dimensions that disagree, the
+            message naming the dimension (``num_kv_heads``, ``head_size``, ...); an ``out``
+            unlike ``query`` in any way, its dtype included; a context the table cannot hold.
         UnsupportedConfigError: a head size or block size the kernels have no code for.
         IndexError: a block id outside ``[0, num_blocks)`` where the context needs one.
         DeviceMismatchError: not every tensor is on one CUDA device.
@@ -140,7 +142,8 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
     #     (check_array), shapes that agree, supported head and block sizes
     #     (UnsupportedConfigError), an ``out`` like query, q / caches / out starting on a
     #     16-byte boundary (the kernels load 16 bytes at a time), a finite scale > 0 (default
-    #     1/sqrt(head_size); check_scale(..., dtype=np.float32): the kernels take float32), max_context_len an int >= 0 (rebind it: max_context_len = check_int(...));
+    #     1/sqrt(head_size); check_scale(..., dtype=np.float32): the kernels take float32),
+    #     max_context_len an int >= 0 (rebind it: max_context_len = check_int(...));
     #  2. values, only for CPU tensors or when debug_enabled(debug): _check_values(...);
     #  3. the device, last and only if check_device: check_on_cuda(...).
     # Return (DecodeShape(...), (q, k, v, bt, cl, o)).
@@ -283,7 +286,10 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
 
     Raises:
         TypeError: an argument is not an int.
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, the message naming it: ``num_seqs`` and
+            ``max_context_len`` >= 0; ``num_kv_heads``, ``num_sms`` and ``target_ctas_per_sm``
+            >= 1; ``block_size`` one of SUPPORTED_BLOCK_SIZES; ``max_partition_size`` a
+            multiple of PARTITION_ALIGN, at least PARTITION_ALIGN.
     """
     # TODO(lab4.3): validate the arguments (check_int) and rebind each to the Python int it
     # returns (a np.uint8 argument must not make the arithmetic wrap), then: partitions that would give

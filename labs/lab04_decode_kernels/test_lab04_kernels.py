@@ -332,23 +332,33 @@ def test_no_shared_memory_race_under_racecheck(impl):
     """compute-sanitizer's racecheck reports no shared-memory hazard in any kernel (a missing
     __syncthreads() rarely shows in the numbers; racecheck sees every unordered access pair).
     Emulated, the emulator's racecheck proves the same on the same launches, and its verdict
-    does not depend on timing."""
+    does not depend on timing; the kernels run in order, and a hazard in the finished ones is
+    reported before the TODO of the first unfinished one."""
     if emulating():
         from reference.emulate import racecheck
 
         case = GpuCase(131, [70, 33, 0], 8, 2, 64, 16)
+        todo = None
         with racecheck() as report:
             for name, fn in impl.KERNELS.items():
                 kwargs = ({"plan": impl.SplitKVPlan(2, 64), "max_context_len": 128}
                           if name in ("v3", "v4", "v5", "v6") else {})
-                fn(*case.args(), case.scale, **kwargs)
-                fn(*case.args(), case.scale)
-        assert report.launches > 0, "no kernel ran under the emulated racecheck"
+                try:
+                    fn(*case.args(), case.scale, **kwargs)
+                    fn(*case.args(), case.scale)
+                except NotImplementedError as exc:
+                    # NOTE: the kernels are done in order: report a race in the finished ones
+                    # (v0's shared sum, say) before the TODO of the first unfinished one.
+                    todo = exc
+                    break
         if report.hazards:
             pytest.fail(
                 f"{report.summary()}\na hazard means two threads touch the same shared memory with no "
                 "barrier between (reusing a buffer without __syncthreads()? reading a cp.async "
                 "destination before the wait that lands it?)")
+        if todo is not None:
+            raise todo
+        assert report.launches > 0, "no kernel ran under the emulated racecheck"
         return
     sanitizer = find_compute_sanitizer()
     if sanitizer is None:

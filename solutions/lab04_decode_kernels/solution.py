@@ -129,8 +129,10 @@ def check_decode_args(query, key_cache, value_cache, block_tables, context_lens,
         (``out`` may be None).
 
     Raises:
-        TypeError: not a tensor, or a wrong dtype.
-        ValueError: a wrong rank, shape, contiguity or scale; a context the table cannot hold.
+        TypeError: not a tensor, or a wrong dtype (``query``, the caches, the metadata).
+        ValueError: a wrong rank, shape, contiguity or scale; dimensions that disagree, the
+            message naming the dimension (``num_kv_heads``, ``head_size``, ...); an ``out``
+            unlike ``query`` in any way, its dtype included; a context the table cannot hold.
         UnsupportedConfigError: a head size or block size the kernels have no code for.
         IndexError: a block id outside ``[0, num_blocks)`` where the context needs one.
         DeviceMismatchError: not every tensor is on one CUDA device.
@@ -357,7 +359,10 @@ def plan_split_kv(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sm
 
     Raises:
         TypeError: an argument is not an int.
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, the message naming it: ``num_seqs`` and
+            ``max_context_len`` >= 0; ``num_kv_heads``, ``num_sms`` and ``target_ctas_per_sm``
+            >= 1; ``block_size`` one of SUPPORTED_BLOCK_SIZES; ``max_partition_size`` a
+            multiple of PARTITION_ALIGN, at least PARTITION_ALIGN.
     """
     # NOTE: rebind each to check_int's Python int: a np.uint32 or np.int8 argument would
     # otherwise carry its wrapping arithmetic into every product below.
