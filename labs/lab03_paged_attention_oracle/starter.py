@@ -245,11 +245,15 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
     Raises:
         TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks);
             the range and ``context_len`` must be ints (no silent rounding of 2.7 to 2).
+        ValueError: a range outside ``0 <= start_token_idx <= end_token_idx <= context_len``.
     """
     # TODO(lab3.2): validate (check_kv_cache, check_float_array, check_head_size,
     # kv_head_indices, check_float_dtype for compute_dtype, check_int for context_len and the
-    # range — never round 2.7 to 2 —, check_block_tables on the one row, check_alibi_slopes and
-    # check_scale *in compute_dtype*: 1e39 is a fine float64 but inf in float32). Then walk the logical blocks that overlap [start_token_idx, end_token_idx):
+    # range — never round 2.7 to 2 — (outside 0 <= start <= end <= context_len: ValueError),
+    # check_block_tables on the one row as a one-row table (check_values_array(...)[None] with
+    # [context_len]), check_alibi_slopes and check_scale *in compute_dtype*: 1e39 is a fine
+    # float64 but inf in float32). Then walk the logical blocks that overlap
+    # [start_token_idx, end_token_idx):
     # block_id = block_table[logical_block_idx]; read ONLY the rows that hold tokens of the
     # range (the last block is usually partial, and the rest of it is NaN here); gather each
     # query head's KV head; scores = q·k * scale (+ ALiBi with query_pos = context_len - 1);

@@ -16,6 +16,7 @@ from labs.lab03_paged_attention_oracle._compare import (
     prefill_oracle,
     round_half,
 )
+from reference.expect import raises_naming
 from reference.inputs import make_decode_case, make_prefill_case
 from reference.oracle import attention_ref, paged_decode_ref
 
@@ -76,13 +77,12 @@ def test_partition_range_past_the_context_is_refused(impl):
     m, l, acc = impl.partition_attention(*args, 7, 7)
     assert np.isneginf(m).all() and (l == 0).all() and (acc == 0).all(), "an empty range is empty"
     for start, end in ((4, 8), (0, 8), (5, 4), (-1, 3)):
-        with pytest.raises(ValueError):
-            impl.partition_attention(*args, start, end)
-            raise AssertionError(
-                f"partition_attention(start={start}, end={end}) with context_len 7 was accepted "
-                f"— a range past the context reads rows that hold no token; check "
-                f"0 <= start <= end <= context_len first"
-            )
+        raises_naming(lambda: impl.partition_attention(*args, start, end), ValueError, None,
+                      f"partition_attention(start={start}, end={end}) with context_len 7",
+                      crashed_hint=" (the docstring: a range outside 0 <= start <= end <= "
+                                   "context_len is a ValueError)",
+                      accepted_hint=" — a range past the context reads rows that hold no token; "
+                                    "check 0 <= start <= end <= context_len first")
 
 
 @pytest.mark.points(1)

@@ -295,6 +295,7 @@ def partition_attention(query, key_cache, value_cache, block_table, context_len:
     Raises:
         TypeError / ValueError / IndexError: bad shapes, range or block table (see _checks);
             the range and ``context_len`` must be ints (no silent rounding of 2.7 to 2).
+        ValueError: a range outside ``0 <= start_token_idx <= end_token_idx <= context_len``.
     """
     num_blocks, num_kv_heads, block_size, head_size = check_kv_cache(key_cache, value_cache)
     check_float_array("query", query, 2, "[num_q_heads, head_size]")
