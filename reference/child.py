@@ -12,8 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 
 from reference.paths import REPO_ROOT
+
+
+#: Output kept per stream; a child that writes more is killed (student code can flood it).
+MAX_OUTPUT_BYTES = 4 << 20
 
 
 def run_with_implementation(argv: list[str], *, env: dict[str, str] | None = None,
@@ -26,7 +31,8 @@ def run_with_implementation(argv: list[str], *, env: dict[str, str] | None = Non
         timeout: seconds before it is killed (``subprocess.TimeoutExpired``).
 
     Returns:
-        The finished process, stdout and stderr as text.
+        The finished process, stdout and stderr as text (at most MAX_OUTPUT_BYTES each: past
+        that the child is killed and its return code is the kill's).
     """
     from reference.grader.sandbox import ISOLATED_ENV, make_worker_home, worker_argv
 
@@ -36,11 +42,40 @@ def run_with_implementation(argv: list[str], *, env: dict[str, str] | None = Non
         try:
             command, extra = worker_argv(argv, how, home, **(env or {}),
                                          PYTHONPATH=str(REPO_ROOT))
-            return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                                  timeout=timeout, **extra)
+            return _run_capped(command, None, timeout, extra)
         finally:
             shutil.rmtree(home, ignore_errors=True)
     full = dict(os.environ, **(env or {}))
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full.get("PYTHONPATH")]))
-    return subprocess.run(argv, cwd=REPO_ROOT, env=full, capture_output=True, text=True,
-                          timeout=timeout)
+    return _run_capped(argv, full, timeout, {})
+
+
+def _run_capped(argv: list[str], env: dict[str, str] | None, timeout: float,
+                extra: dict) -> subprocess.CompletedProcess:
+    """subprocess.run with each output stream read into at most MAX_OUTPUT_BYTES."""
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **extra)
+    chunks: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
+
+    def drain(stream, key: str) -> None:
+        for block in iter(lambda: stream.read1(65536), b""):
+            if len(chunks[key]) < MAX_OUTPUT_BYTES:
+                chunks[key] += block[:MAX_OUTPUT_BYTES - len(chunks[key])]
+            else:
+                proc.kill()  # NOTE: keep reading until EOF, so the child never blocks on a pipe
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, "out"), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, "err"), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+    return subprocess.CompletedProcess(argv, code, chunks["out"].decode(errors="replace"),
+                                       chunks["err"].decode(errors="replace"))

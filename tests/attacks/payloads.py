@@ -139,6 +139,12 @@ while True:
     sys.stdout.write("x" * 65536)
     sys.stderr.write("y" * 65536)
 ''')},
+    # Tamper from a child process a test starts (reference.child): the trusted tree's helper.
+    "child_tamper": {"starter.py": _if('''
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_check.py"), "a") as fh:
+    fh.write("\\n")
+OK = True
+''')},
     # Fork: a child outliving the call tries to tamper later.
     "fork": {"starter.py": _if('''
 if os.fork() == 0:

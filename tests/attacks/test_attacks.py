@@ -59,6 +59,18 @@ def test_large(impl):
     """Larger ones."""
     got = impl.area(4, 5)
     assert got == 20
+
+
+@pytest.mark.points(1)
+def test_in_a_child_process(impl):
+    """Computed in a child process of the test's, as Lab 1's hash test does."""
+    import sys
+
+    from reference.child import run_with_implementation
+
+    code = "from reference.loader import load_impl; print(load_impl('{lab}').area(3, 3))"
+    proc = run_with_implementation([sys.executable, "-s", "-c", code], timeout=30)
+    assert proc.stdout.split()[-1:] == ["9"], proc.stderr[-500:]
 '''
 CHECK = '''
 def check(got, want):
@@ -182,7 +194,7 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     assert results.exists(), proc.stdout + proc.stderr
     res = json.loads(results.read_text())
     _assert_all_zero(_per_lab(res["tests"]), "local", json.dumps(res) + proc.stdout)
-    assert res["max_score"] == 2 * len(LABS)
+    assert res["max_score"] == 3 * len(LABS)
     assert (root / "conftest.py").read_text() == conftest
     assert env_file.read_text() == "ORIGINAL\n"
     assert "startup_files" in res["output"] or "sitecustomize" in res["output"]
@@ -232,6 +244,6 @@ def test_every_attack_scores_zero_on_gradescope(world):
     text = json.dumps(res)
     _assert_all_zero(_per_lab(res["tests"]), "gradescope", text + proc.stdout + proc.stderr)
     assert res["score"] == 0, text[-2000:]
-    assert len(res["tests"]) == 3 * len(LABS), text[-2000:]  # hidden ones counted
+    assert len(res["tests"]) == 4 * len(LABS), text[-2000:]  # hidden ones counted
     assert (auto / "source" / "conftest.py").read_text() == before
     assert env_file.read_text() == "ORIGINAL\n"
