@@ -21,9 +21,11 @@ def test_every_lab_states_its_contract(lab):
 
 
 def test_match_words_keep_names_and_drop_regex():
-    """A pattern's words are its identifiers (3+ characters) and every name= name, however short;
-    regex escapes and metacharacters are not words."""
-    assert match_words(r"\bn=2\b") == {"n"}
+    """A pattern's words are its identifiers (3+ characters) and every name= fragment, however
+    short, kept with its = (the handout must show it so); regex escapes and metacharacters are
+    not words."""
+    assert match_words(r"\bn=2\b") == {"n="}
+    assert match_words("block_id=2") == {"block_id", "block_id="}
     assert match_words(r"block_ids\[0\] .* repeats") == {"block_ids", "repeats"}
     assert match_words("num_new_tokens") == {"num_new_tokens"}
 
@@ -40,9 +42,10 @@ def _lab(tmp_path, handout: str, starter: str, test: str, helper: str = "") -> s
 
 
 def test_unstated_words_and_attributes_are_reported(tmp_path, monkeypatch):
-    """A match= word given through a parametrize list or a helper's argument, an attribute read
-    by a helper on an object the implementation built, and an impl.X the starter does not
-    define are all reported; words the docstrings state are not."""
+    """A match= word given through a parametrize list or a helper's argument (a name= fragment
+    also with its =), an attribute read by a helper on an object the implementation built, and
+    an impl.X the starter does not define are all reported; words the docstrings state are
+    not."""
     monkeypatch.setattr(contracts, "LABS_DIR", tmp_path)
     lab = _lab(tmp_path, "# Lab 9\nErrors name `budget`.\n", '''
         """Lab 9."""
@@ -73,7 +76,7 @@ def test_unstated_words_and_attributes_are_reported(tmp_path, monkeypatch):
             assert pool.num_blocks >= pool.num_slots
     ''')
     report = check_lab_contract(lab)
-    assert set(report.missing_match_words) == {"secret_word", "hidden_rule"}
+    assert set(report.missing_match_words) == {"secret_word", "hidden_rule", "hidden_rule="}
     assert set(report.missing_attributes) == {"num_slots", "grow", "UNDEFINED_CONSTANT"}
     assert all(lab in line for line in report.problems())
 
@@ -156,3 +159,25 @@ def test_a_test_helper_the_starter_does_not_import_states_nothing(tmp_path, monk
     report = check_lab_contract(lab)
     assert set(report.missing_match_words) == {"helper_word"}
     assert set(report.missing_attributes) == {"num_slots"}
+
+
+def test_a_name_fragment_must_be_stated_with_its_equals_sign(tmp_path, monkeypatch):
+    """``match="block_id=3"``: a handout that names `block_id` but never shows `block_id=` is
+    reported (the Lab 1 gap a student found, 2026-11-29); one that shows `block_id=3` is not."""
+    monkeypatch.setattr(contracts, "LABS_DIR", tmp_path)
+    test = '''
+        import pytest
+
+        def test_a(impl):
+            with pytest.raises(ValueError, match="block_id=3"):
+                impl.free(3)
+    '''
+    starter = '''
+        """Lab 9."""
+        def free(block_id):
+            """Frees a block."""
+    '''
+    lab = _lab(tmp_path, "# Lab 9\nThe message names the block id (`block_id`).\n", starter, test)
+    assert set(check_lab_contract(lab).missing_match_words) == {"block_id="}
+    (tmp_path / lab / "README.md").write_text("# Lab 9\nThe message says `block_id=3`.\n")
+    assert not check_lab_contract(lab).missing_match_words

@@ -6,8 +6,9 @@ who was never told either loses points to guesswork. This check scans, with a pr
 a lab's tests and helpers (``labs/<lab>/test_*.py``, ``_*.py``, ``conftest.py``) for:
 
 * every ``match=`` keyword with a literal (or f-string) pattern — the identifier words in its
-  literal parts (``block_id``, ``num_new_tokens``; any ``name`` of a ``name=value`` fragment,
-  however short);
+  literal parts (``block_id``, ``num_new_tokens``) and every ``name=`` of a ``name=value``
+  fragment, however short, which must be stated with its ``=`` (``block_id=3`` in the handout:
+  a student told only that the message "names the block id" writes ``block 3``);
 * every attribute read on the implementation: ``impl.X``, and ``obj.attr`` where ``obj`` is a name
   that holds something the implementation built anywhere in the lab's test files (assigned from
   an expression involving ``impl``, from a helper or fixture that returns one, or a helper's
@@ -81,12 +82,12 @@ def match_words(pattern: str) -> set[str]:
         pattern: the literal parts of the pattern (f-string holes already dropped).
 
     Returns:
-        Identifier words of three or more characters, plus every ``name`` of a ``name=``
-        fragment (``n`` in ``n=2``), minus English filler.
+        Identifier words of three or more characters, plus every ``name=`` of a ``name=value``
+        fragment (``n=`` in ``n=2``, kept with its ``=``), minus English filler.
     """
     text = _unescape_pattern(pattern)
     words = {w for w in _WORD.findall(text) if len(w) >= 3 and w.lower() not in FILLER}
-    return words | set(_NAME_EQ.findall(text))
+    return words | {f"{name}=" for name in _NAME_EQ.findall(text)}
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -321,6 +322,8 @@ def check_lab_contract(lab: str) -> ContractReport:
     text, defined = stated_text(lab)
 
     def stated(word: str) -> bool:
+        if word.endswith("="):  # a ``name=`` fragment: the handout must show it with its ``=``
+            return re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}", text) is not None
         return word in defined or re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9_])",
                                              text) is not None
 
