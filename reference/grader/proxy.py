@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -760,6 +761,15 @@ def prestart_for_args(args: list[str]) -> None:
     labs.discard(None)
     if len(labs) == 1:
         prestart(labs.pop())
+
+
+def live_worker_home() -> Path | None:
+    """The home of a live worker, or None: a child process that runs student code as the same
+    user (``reference.child``) shares it, and with it the kernels the worker compiled."""
+    for client in list(_CLIENTS.values()):
+        if not client.dead:
+            return client.home
+    return None
 
 
 def remote_impl(lab: str) -> Remote:
