@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 
 from reference.paths import REPO_ROOT
 
@@ -34,7 +36,7 @@ def run_with_implementation(argv: list[str], *, env: dict[str, str] | None = Non
         The finished process, stdout and stderr as text (at most MAX_OUTPUT_BYTES each: past
         that the child is killed and its return code is the kill's).
     """
-    from reference.grader.sandbox import ISOLATED_ENV, make_worker_home, worker_argv
+    from reference.grader.sandbox import FORWARDED_ENV, ISOLATED_ENV, make_worker_home, worker_argv
 
     how = os.environ.get(ISOLATED_ENV)
     if how in ("root", "sudo"):
@@ -46,30 +48,46 @@ def run_with_implementation(argv: list[str], *, env: dict[str, str] | None = Non
         shared = live_worker_home()
         home = shared or make_worker_home()
         try:
-            command, extra = worker_argv(argv, how, home, **(env or {}),
+            # NOTE: the variables a test may change for student code (PAGEDLAB_DEBUG) reach the
+            # child as they reach the worker's calls.
+            forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+            command, extra = worker_argv(argv, how, home, **{**forwarded, **(env or {})},
                                          PYTHONPATH=str(REPO_ROOT))
-            return _run_capped(command, None, timeout, extra)
+            return _run_capped(command, None, timeout, extra, how)
         finally:
             if shared is None:
                 shutil.rmtree(home, ignore_errors=True)
     full = dict(os.environ, **(env or {}))
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full.get("PYTHONPATH")]))
-    return _run_capped(argv, full, timeout, {})
+    return _run_capped(argv, full, timeout, {}, None)
 
 
-def _run_capped(argv: list[str], env: dict[str, str] | None, timeout: float,
-                extra: dict) -> subprocess.CompletedProcess:
-    """subprocess.run with each output stream read into at most MAX_OUTPUT_BYTES."""
+def _run_capped(argv: list[str], env: dict[str, str] | None, timeout: float, extra: dict,
+                how: str | None) -> subprocess.CompletedProcess:
+    """subprocess.run with each output stream read into at most MAX_OUTPUT_BYTES; the child
+    runs in a process group of its own, killed whole on a timeout or a flood (``how``: the
+    worker's ``root`` / ``sudo``, or None for this user)."""
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **extra)
+                            stderr=subprocess.PIPE, start_new_session=True, **extra)
     chunks: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
+
+    def kill_group() -> None:
+        if how == "sudo":  # NOTE: the group is the worker's: our signals do not reach it
+            from reference.grader.sandbox import WORKER_USER
+
+            subprocess.run(["sudo", "-n", "-u", WORKER_USER, "kill", "-KILL", "--",
+                            f"-{proc.pid}"], capture_output=True)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def drain(stream, key: str) -> None:
         for block in iter(lambda: stream.read1(65536), b""):
             if len(chunks[key]) < MAX_OUTPUT_BYTES:
                 chunks[key] += block[:MAX_OUTPUT_BYTES - len(chunks[key])]
             else:
-                proc.kill()  # NOTE: keep reading until EOF, so the child never blocks on a pipe
+                kill_group()  # NOTE: keep reading until EOF, so nothing blocks on a full pipe
 
     readers = [threading.Thread(target=drain, args=(proc.stdout, "out"), daemon=True),
                threading.Thread(target=drain, args=(proc.stderr, "err"), daemon=True)]
@@ -78,11 +96,17 @@ def _run_capped(argv: list[str], env: dict[str, str] | None, timeout: float,
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_group()
         proc.wait()
         raise
     finally:
+        # NOTE: a process the child left in its group would hold the pipes open: kill the
+        # group, then give both readers one shared deadline.
+        kill_group()
+        deadline = time.monotonic() + 5
         for reader in readers:
-            reader.join(timeout=5)
+            reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        proc.stdout.close()
+        proc.stderr.close()
     return subprocess.CompletedProcess(argv, code, chunks["out"].decode(errors="replace"),
                                        chunks["err"].decode(errors="replace"))

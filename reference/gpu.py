@@ -91,7 +91,9 @@ def run_behind_busy_stream(poison, write, launch):
     NOTE: graded isolated the call crosses to the worker process, which waits for its stream
     (and so for this sleep) before it answers: the stream is always idle by then, and the
     check above cannot tell. There the sleep is 1 s from the start, five times the one under
-    which Lab 5's default-stream mutant once escaped (at -j 28 on a 2-GPU machine).
+    which Lab 5's default-stream mutant once escaped (at -j 28 on a 2-GPU machine), after a
+    first call that compiles the kernel. A worker that takes longer than that to launch lets
+    a wrong-stream launch pass there (not measured as happening).
 
     Args:
         poison: puts the poisoned input in place (called before each try, on the current stream).
@@ -110,6 +112,25 @@ def run_behind_busy_stream(poison, write, launch):
     from reference.grader.sandbox import ISOLATED_ENV
 
     isolated = bool(os.environ.get(ISOLATED_ENV))
+    # NOTE: debug mode's value checks read the device (a synchronisation, which would idle the
+    # stream before the call returns): off for these calls, in the worker too (the variable
+    # is forwarded with each call). A first call on the default stream compiles the kernel and
+    # sets up the worker's stream flag, so neither happens behind the sleep.
+    saved = os.environ.pop("PAGEDLAB_DEBUG", None)
+    try:
+        poison()
+        launch()
+        torch.cuda.synchronize()
+        return _tries(poison, write, launch, isolated)
+    finally:
+        if saved is not None:
+            os.environ["PAGEDLAB_DEBUG"] = saved
+
+
+def _tries(poison, write, launch, isolated: bool):
+    """The tries of :func:`run_behind_busy_stream`."""
+    import torch
+
     for cycles in BUSY_STREAM_CYCLES[1:2] if isolated else BUSY_STREAM_CYCLES:
         poison()
         torch.cuda.synchronize()

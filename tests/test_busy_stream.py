@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -39,20 +40,38 @@ class FakeCuda:
 
 
 def run(fake: FakeCuda):
+    def launch():
+        fake.calls.append("launch debug" if os.environ.get("PAGEDLAB_DEBUG") else "launch")
+        return len(fake.sleeps)
+
     return gpu.run_behind_busy_stream(
         poison=lambda: fake.calls.append("poison"), write=lambda: fake.calls.append("write"),
-        launch=lambda: (fake.calls.append("launch"), len(fake.sleeps))[1])
+        launch=launch)
 
 
 def test_a_try_counts_when_the_stream_is_still_busy(monkeypatch):
     """In one process the first try whose stream is still busy as the call returns is the
-    answer; each try poisons, waits for the GPU, sleeps, writes, then launches."""
+    answer; a first call on the default stream compiles, then each try poisons, waits for the
+    GPU, sleeps, writes, then launches."""
     monkeypatch.delenv(ISOLATED_ENV, raising=False)
     fake = FakeCuda([True])
     fake.install(monkeypatch)
     assert run(fake) == 1
     assert fake.sleeps == [gpu.BUSY_STREAM_CYCLES[0]]
-    assert fake.calls == ["poison", "sync", "write", "launch", "stream sync"]
+    assert fake.calls == ["poison", "launch", "sync",
+                          "poison", "sync", "write", "launch", "stream sync"]
+
+
+def test_debug_mode_is_off_for_the_calls_and_restored_after(monkeypatch):
+    """PAGEDLAB_DEBUG's device-reading checks would idle the stream before the call returns:
+    it is unset while the calls run and set again after."""
+    monkeypatch.delenv(ISOLATED_ENV, raising=False)
+    monkeypatch.setenv("PAGEDLAB_DEBUG", "1")
+    fake = FakeCuda([True])
+    fake.install(monkeypatch)
+    run(fake)
+    assert "launch debug" not in fake.calls and fake.calls.count("launch") == 2
+    assert os.environ["PAGEDLAB_DEBUG"] == "1"
 
 
 def test_an_idle_stream_repeats_the_try_behind_a_longer_sleep(monkeypatch):
@@ -65,7 +84,7 @@ def test_an_idle_stream_repeats_the_try_behind_a_longer_sleep(monkeypatch):
     assert run(fake) == 3
     assert fake.sleeps == list(gpu.BUSY_STREAM_CYCLES)
     assert sorted(gpu.BUSY_STREAM_CYCLES) == list(gpu.BUSY_STREAM_CYCLES)
-    assert fake.calls.count("poison") == 3
+    assert fake.calls.count("poison") == 4  # the first call's, then one per try
 
 
 def test_never_busy_is_an_error_not_a_pass(monkeypatch):

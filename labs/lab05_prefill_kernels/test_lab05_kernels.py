@@ -280,7 +280,10 @@ def test_shared_memory_has_no_races_under_racecheck(impl, kernel):
     assert summary is not None, (f"racecheck printed {out.count('RACECHECK SUMMARY')} summary "
                                  f"lines, expected exactly one:\n{out[-3000:]}")
     errors = summary[1]
-    assert errors == 0 and proc.returncode != RACE_EXIT, (
-        f"racecheck found {errors} shared-memory hazard(s) in the {kernel} kernel — a thread "
+    # NOTE: exit 0 too: a sanitizer killed (by the script, or for flooding its output) never
+    # prints its own summary, so a lone summary line from a failed run is not trusted.
+    assert errors == 0 and proc.returncode == 0, (
+        f"racecheck (exit {proc.returncode}) found {errors} shared-memory hazard(s) in the "
+        f"{kernel} kernel — a thread "
         f"reads (or overwrites) shared memory another thread wrote with no __syncthreads() in "
         f"between:\n{out[:3000]}")
