@@ -3,15 +3,14 @@
 A few tests need student code in a process of its own: Lab 1 hashes in processes started with
 other ``PYTHONHASHSEED`` values, Labs 4 and 5 run kernels under compute-sanitizer. Such a child
 is a call into student code like any other, so graded isolated (``PAGEDLAB_ISOLATED`` set in the
-test's process) it runs as the worker user, with the worker's environment and a fresh home; the
-test's process only reads what it printed.
+test's process) it runs as the worker user, with the worker's environment and home (the live
+worker's, else a fresh one); the test's process only reads what it printed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -67,20 +66,14 @@ def _run_capped(argv: list[str], env: dict[str, str] | None, timeout: float, ext
     """subprocess.run with each output stream read into at most MAX_OUTPUT_BYTES; the child
     runs in a process group of its own, killed whole on a timeout or a flood (``how``: the
     worker's ``root`` / ``sudo``, or None for this user)."""
+    from reference.grader.sandbox import kill_process_group
+
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, **extra)
     chunks: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
 
     def kill_group() -> None:
-        if how == "sudo":  # NOTE: the group is the worker's: our signals do not reach it
-            from reference.grader.sandbox import WORKER_USER
-
-            subprocess.run(["sudo", "-n", "-u", WORKER_USER, "kill", "-KILL", "--",
-                            f"-{proc.pid}"], capture_output=True)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_process_group(proc.pid, how)
 
     def drain(stream, key: str) -> None:
         for block in iter(lambda: stream.read1(65536), b""):

@@ -109,6 +109,7 @@ def run_behind_busy_stream(poison, write, launch):
     """
     import torch
 
+    from reference.checks import DEBUG_ENV
     from reference.grader.sandbox import ISOLATED_ENV
 
     isolated = bool(os.environ.get(ISOLATED_ENV))
@@ -116,7 +117,7 @@ def run_behind_busy_stream(poison, write, launch):
     # stream before the call returns): off for these calls, in the worker too (the variable
     # is forwarded with each call). A first call on the default stream compiles the kernel and
     # sets up the worker's stream flag, so neither happens behind the sleep.
-    saved = os.environ.pop("PAGEDLAB_DEBUG", None)
+    saved = os.environ.pop(DEBUG_ENV, None)
     try:
         poison()
         launch()
@@ -124,7 +125,7 @@ def run_behind_busy_stream(poison, write, launch):
         return _tries(poison, write, launch, isolated)
     finally:
         if saved is not None:
-            os.environ["PAGEDLAB_DEBUG"] = saved
+            os.environ[DEBUG_ENV] = saved
 
 
 def _tries(poison, write, launch, isolated: bool):

@@ -190,6 +190,23 @@ def kill_worker_processes(how: str) -> None:
     raise IsolationError(f"processes of {WORKER_USER!r} survive SIGKILL")
 
 
+def kill_process_group(pgid: int, how: str | None) -> None:
+    """Kills process group ``pgid`` (a child started with ``start_new_session``), quietly if
+    it is gone.
+
+    Args:
+        pgid: the group's id (its leader's pid).
+        how: ``"sudo"`` when the group is the worker's and only sudo can signal it; ``"root"``
+            or None (this process's own user) signal it directly.
+    """
+    if how == "sudo":
+        subprocess.run([*_switch(how), "kill", "-KILL", "--", f"-{pgid}"], capture_output=True)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _owner(pid: str) -> int | None:
     """The uid of a live process (None once it is gone, or a zombie: it runs nothing)."""
     try:
