@@ -132,6 +132,26 @@ MODULE = '''
         return out, out[0:1]
 
 
+    def poke_far(t):
+        import cupy
+
+        # A kernel's store far outside any allocation: an illegal address, sticky in this
+        # process's CUDA context. Launches are asynchronous: the call returns before it faults.
+        kernel = cupy.RawKernel(
+            'extern "C" __global__ void poke(float* out) { out[(long long)1 << 40] = 1.0f; }',
+            "poke")
+        kernel((1,), (1,), (cupy.asarray(t),))
+
+
+    def fault_as_if_on_a_gpu():
+        import sys
+
+        # Stands in for a kernel fault on a machine without a GPU: the worker's check of its
+        # CUDA context (made after every call that raised) reports the context lost.
+        sys.modules["__main__"]._cuda_context_lost = lambda: True
+        raise RuntimeError("cudaErrorIllegalAddress: a stand-in")
+
+
     def crossed_by_ipc(t):
         import sys
 
@@ -437,6 +457,57 @@ def test_cuda_tensors_cross_by_ipc_when_each_is_its_own_allocation(client):
     assert client.module.crossed_by_ipc(base[8:])
     client.module.stray_write(base[8:16])
     assert base[16].item() == 42
+
+
+@needs_worker
+def test_a_call_that_loses_the_cuda_context_retires_the_worker(client):
+    """When a call leaves the worker's CUDA context lost, its error still reaches the test, the
+    worker has exited by the time it does (code 75) and the client is dead, so the next test
+    starts a fresh worker instead of calling into a worker that can no longer run kernels."""
+    from reference.grader.proxy import WorkerDiedError
+    from reference.grader.worker import EXIT_CUDA_LOST
+
+    with pytest.raises(RuntimeError, match="a stand-in"):
+        client.module.fault_as_if_on_a_gpu()
+    assert client.dead and "CUDA context was lost" in client.dead, client.dead
+    assert client.proc.poll() == EXIT_CUDA_LOST, client.proc.poll()
+    with pytest.raises(WorkerDiedError, match="CUDA context was lost"):
+        client.module.Manager(2)
+
+
+@needs_worker
+def test_a_kernel_fault_on_ipc_memory_retires_the_worker(client):
+    """[GPU] A call whose kernel faults (a sticky CUDA error) fails with that error, and the
+    worker exits at once: the test can free the memory the worker had mapped, and the next
+    call gets a fresh worker. A worker kept alive with a lost context blocked the freeing of
+    that memory, and so the next test, until its timeout (180 s per Lab 4 case, H200)."""
+    import os
+    import time
+
+    import torch
+
+    from reference.grader.proxy import WorkerClient
+
+    if not torch.cuda.is_available():
+        pytest.skip("GPU-REQ: no CUDA GPU visible to torch")
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
+        pytest.skip("needs PYTORCH_NO_CUDA_MEMORY_CACHING=1 from the process start (the grader's)")
+    base = torch.zeros(4096, device="cuda")
+    with pytest.raises(BaseException, match="(?i)illegal"):
+        client.module.poke_far(base)
+    assert client.dead and "CUDA context was lost" in client.dead, client.dead
+    assert client.proc.poll() is not None, "the worker is still running after it retired"
+    start = time.monotonic()
+    del base
+    torch.cuda.synchronize()
+    fresh = torch.ones(4096, device="cuda")
+    assert time.monotonic() - start < 10, "freeing the faulted call's memory blocked"
+    worker = WorkerClient("lab01_block_manager")
+    try:
+        worker.module.stray_write(fresh[8:16])
+        assert fresh[16].item() == 42, "a fresh worker did not serve the next call"
+    finally:
+        worker.kill()
 
 
 @needs_worker

@@ -51,12 +51,14 @@ from reference.grader.codec import Codec, is_compact, storage_bytes
 from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
                                       ensure_worker_user, make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
-from reference.grader.worker import (FLAG_CONCURRENT, PendingReply, FrameReader, _describe_exception,
-                                     frame_header, write_all)
+from reference.grader.worker import (FLAG_CONCURRENT, STATUS_RETIRED, PendingReply, FrameReader,
+                                     _describe_exception, frame_header, write_all)
 from reference.paths import REPO_ROOT, lab_of_path
 
 #: Bytes of the worker's output kept (the tail); the rest is dropped, so endless output is harmless.
 OUTPUT_TAIL_BYTES = 64 * 1024
+#: Seconds a worker that lost its CUDA context gets to exit before it is killed.
+RETIRE_WAIT_S = 30
 #: The packed empty list: the copy-back part of most replies (nothing to unpack then).
 _EMPTY_LIST = b"\x90"
 #: What a call-back may do to a trusted object besides its public attributes and methods.
@@ -370,6 +372,8 @@ class WorkerClient:
         if not pure:
             self._bump_epoch()
         stamp = self._epoch
+        if status == STATUS_RETIRED:
+            self._retire()
         if status:
             raise _rebuild_exception(self._decode(payload, stamp))
         if back != _EMPTY_LIST:
@@ -489,6 +493,20 @@ class WorkerClient:
             self.dead = why
         for slot in list(self._pending.values()):
             slot.event.set()
+
+    def _retire(self) -> None:
+        """The worker lost its CUDA context in the call just answered and is exiting: this
+        client is dead (the next test starts a fresh worker), once the process is gone.
+
+        NOTE: waited for here, before the test sees the error and frees its CUDA tensors:
+        freeing memory the worker still maps would block in the driver.
+        """
+        self._mark_dead("the worker's CUDA context was lost in an earlier call (a sticky "
+                        "error: an illegal address, a trap or a launch failure)")
+        try:
+            self.proc.wait(timeout=RETIRE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill(self.dead)
 
     def kill(self, why: str = "stopped") -> None:
         """Kills the worker; pending and later calls fail with :class:`WorkerDiedError`."""

@@ -4,7 +4,9 @@ Grading never runs student code in the grader's own process, and it never trusts
 process to say how it went:
 
 * **One child per lab.** A crash, a sticky CUDA error (an illegal memory access poisons the
-  CUDA context of its process) or a hang costs that lab's child, never the other labs.
+  CUDA context of its process) or a hang costs that lab's child, never the other labs. Graded
+  isolated, the student's kernels run in the worker, which exits after a call that lost its
+  context (:mod:`reference.grader.worker`): the next test gets a fresh one.
 * **Per-test timeout.** pytest-timeout fails a test that runs past ``test_timeout_s``; a test
   stuck outside Python (a hung kernel, a C loop) is killed by the watchdog here a little later.
 * **Completeness.** The child logs the tests it collected before any student code is imported,

@@ -44,6 +44,11 @@ SWITCH_INTERVAL_S = 1e-6
 FLAG_CONCURRENT = 1
 #: How often the worker looks for a request that no thread is reading (see Worker._watch).
 WATCH_INTERVAL_S = 1e-3
+#: Reply status: the call failed and the worker exits after this reply, its CUDA context lost
+#: (see Worker._answer). 0 is a result, 1 an exception.
+STATUS_RETIRED = 2
+#: The worker's exit code when it retires that way.
+EXIT_CUDA_LOST = 75
 
 
 def frame_header(size: int) -> bytes:
@@ -606,13 +611,23 @@ class Worker:
             back = self._codec.pack(copyback) if copyback else b"\x90"
         except BaseException as exc:  # noqa: BLE001
             status, payload, back = 1, self._codec.pack(_describe_exception(exc)), b"\x90"
+        lost = False
         try:
             self._shared.release_cuda()
         except BaseException as exc:  # noqa: BLE001 — a kernel fault surfaces here
             status, payload, back = 1, self._codec.pack(_describe_exception(exc)), b"\x90"
-        envelope = _pack_envelope(req_id, status, payload, back, pure)
+            lost = True
+        if status and not lost:
+            lost = _cuda_context_lost()
+        envelope = _pack_envelope(req_id, STATUS_RETIRED if lost else status, payload, back, pure)
         with self._send_lock:
             write_all(self._out_fd, frame_header(len(envelope)) + envelope)
+            if lost:
+                # NOTE: a lost context cannot unmap the test's CUDA memory it mapped (CUDA IPC),
+                # and the test process blocks in the driver when it frees memory another
+                # process still maps: the next test hung until its timeout. Exiting unmaps
+                # everything; the trusted side starts a fresh worker for the next test.
+                os._exit(EXIT_CUDA_LOST)
 
     def _run(self, op: str, target, name, args: list, kwargs: dict):
         if op == "import":
@@ -655,6 +670,22 @@ class Worker:
             counter, self._torch_calls = self._torch_calls, None
             return counter[0] if counter else 0
         raise ValueError(f"unknown request {op!r}")
+
+
+def _cuda_context_lost() -> bool:
+    """After a call that raised: True when this process's CUDA context is gone (a sticky error:
+    an illegal address, a trap, a launch failure), which every later CUDA call would report.
+
+    NOTE: only where torch already made a context (a kernel lab's call): no GPU work otherwise.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except BaseException:  # noqa: BLE001 — any error here means the context is unusable
+        return True
+    return False
 
 
 def _workbook_attr(name: str, allowed, what: str):
