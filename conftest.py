@@ -3,6 +3,8 @@
 * Loads the grading plugin (points marker, grade table, JSON report): ``reference.grader.grading``.
 * Loads ``reference.capability_skip``: on a GPU below compute capability 8.0 (a T4), a test of
   a stage that needs sm_80 skips with the reason instead of failing.
+* Loads ``reference.context_lost``: once a kernel loses the process's CUDA context, the failures
+  after it name the test where it was lost instead of looking like bugs of their own.
 * Provides the ``impl`` fixture: the implementation of the lab a test lives in, chosen by
   ``LAB_IMPL`` (see ``reference/loader.py``). Tests never import ``starter``/``solution``.
   Under isolated grading (``PAGEDLAB_ISOLATED`` set) it is a proxy for that module, which lives
@@ -21,7 +23,7 @@ from reference.grader.sandbox import ISOLATED_ENV
 from reference.loader import MUTANT_DIR_ENV, load_impl
 from reference.paths import lab_of_path
 
-pytest_plugins = ["reference.grader.grading", "reference.capability_skip"]
+pytest_plugins = ["reference.grader.grading", "reference.capability_skip", "reference.context_lost"]
 
 # Grading must be reproducible: the same code gets the same examples on every run and machine.
 settings.register_profile(
