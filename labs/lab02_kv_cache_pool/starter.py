@@ -186,14 +186,20 @@ class KVCachePool(KVCachePoolBase):
         Raises:
             TypeError / ValueError: a size is not an int >= 1, ``dtype`` is unsupported,
                 ``device`` is unknown, or ``block_manager`` does not fit the pool.
+            ValueError: the tensors cannot exist (out of memory, a size past int64): torch's
+                ``RuntimeError`` or ``TypeError`` becomes a ValueError whose message says
+                ``cannot be allocated`` and names every size. Raised before the default block
+                manager is built (which would refuse a huge ``num_blocks`` in its own words).
         """
-        # TODO(lab2.1): validate every size (check_int, min 1), dtype (_check_dtype) and device
-        # (_check_device); use block_manager (checked by _check_block_manager: Lab 1's interface,
-        # exactly num_blocks free blocks) or a fresh TrustedBlockAllocator(num_blocks).
-        # Then set self.max_blocks_per_seq = ceil(max_model_len / block_size) — not num_blocks —,
-        # allocate key_cache/value_cache in the workbook layout, self.device = key_cache.device,
-        # block_tables ([max_num_seqs, max_blocks_per_seq] int32, all PAD_BLOCK_ID), context_lens
-        # (int32 zeros), self._seqs = {} (seq_id -> _Sequence) and self._free_rows (a heap of rows).
+        # TODO(lab2.1): validate every size (check_int, min 1), dtype (_check_dtype), device
+        # (_check_device) and a given block_manager (_check_block_manager: Lab 1's interface,
+        # exactly num_blocks free blocks). Then set self.max_blocks_per_seq =
+        # ceil(max_model_len / block_size) — not num_blocks —, allocate key_cache/value_cache in
+        # the workbook layout, block_tables ([max_num_seqs, max_blocks_per_seq] int32, all
+        # PAD_BLOCK_ID) and context_lens (int32 zeros) — torch's RuntimeError/TypeError there
+        # becomes the Raises' "cannot be allocated" ValueError —, self.device = key_cache.device;
+        # only then the block manager (block_manager or a fresh TrustedBlockAllocator(num_blocks)),
+        # self._seqs = {} (seq_id -> _Sequence) and self._free_rows (a heap of rows).
         raise NotImplementedError("TODO(lab2.1): KVCachePool.__init__ — pool, PAD tables")
 
     @classmethod

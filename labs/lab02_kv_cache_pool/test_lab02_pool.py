@@ -91,10 +91,13 @@ def _used_manager():
     (dict(dtype=torch.float64), TypeError, "dtype"),
     (dict(block_manager=_other_manager), ValueError, "block_manager"),
     (dict(block_manager=_used_manager), ValueError, "block_manager"),
+    (dict(device="nonsense"), ValueError, "device="),
+    (dict(device=3.5), ValueError, "device="),
 ], ids=lambda v: "-".join(v) if isinstance(v, dict) else None)
 def test_constructor_rejects_bad_arguments(impl, device, kwargs, error, name):
-    """Bad sizes, an unsupported dtype, or a block manager that does not manage exactly
-    num_blocks free blocks raise a typed error naming the argument."""
+    """Bad sizes, an unsupported dtype, a device torch cannot use (``device=`` and the value,
+    as ``_check_device`` says it), or a block manager that does not manage exactly num_blocks
+    free blocks raise a typed error naming the argument."""
     kwargs = {k: v() if callable(v) else v for k, v in kwargs.items()}
     base = dict(num_blocks=6, block_size=4, num_kv_heads=2, head_size=8, max_num_seqs=2,
                 max_model_len=16, dtype=torch.float32, device=device)

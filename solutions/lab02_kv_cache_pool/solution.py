@@ -190,6 +190,10 @@ class KVCachePool(KVCachePoolBase):
         Raises:
             TypeError / ValueError: a size is not an int >= 1, ``dtype`` is unsupported,
                 ``device`` is unknown, or ``block_manager`` does not fit the pool.
+            ValueError: the tensors cannot exist (out of memory, a size past int64): torch's
+                ``RuntimeError`` or ``TypeError`` becomes a ValueError whose message says
+                ``cannot be allocated`` and names every size. Raised before the default block
+                manager is built (which would refuse a huge ``num_blocks`` in its own words).
         """
         self.num_blocks = check_int("num_blocks", num_blocks, min_value=1)
         self.block_size = check_int("block_size", block_size, min_value=1)
