@@ -162,7 +162,9 @@ def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = ""
             f"{what}: {int(bad.sum())} non-finite outputs; first at packed token {t} (sequence "
             f"{s}, query {t - cu[s]} of {cu[s + 1] - cu[s]}, history {hist}), head {h}, dim {d}. "
             f"Likely cause: a key/value row past the context (the cache's padding is NaN) or a "
-            f"block id read wrongly was used, or this output was never written (outputs start NaN).")
+            f"block id read wrongly was used; shared memory read before it was written (a "
+            f"missing __syncthreads() between a tile's use and the next load; emulated, fresh "
+            f"shared memory is NaN); or this output was never written (outputs start NaN).")
     tol = TOLERANCE[dtype]
     worst = (0.0, None)
     for s in range(len(cu) - 1):
@@ -184,8 +186,8 @@ def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = ""
             f"{what}: relative error {err:.3g} > {tol:g} ({dtype}) for sequence {s} (query_len "
             f"{b - a}, history {hist}), query head {h}; first bad query {i} (position "
             f"{hist + i}), max abs error there {row_err[i]:.3g}. Likely causes: the causal limit "
-            f"(history + i), the GQA head mapping, ALiBi's sign, a tile edge, or the online-"
-            f"softmax rescale.")
+            f"(history + i), the GQA head mapping, ALiBi's sign, a tile edge, the online-"
+            f"softmax rescale, or a missing __syncthreads() (a tile overwritten while still read).")
 
 
 def poison_allocator(nbytes: int) -> None:

@@ -116,13 +116,17 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     # TODO(lab5.1): check, in this order, raising the error types the docstring lists and naming
     # the argument in every message:
     #   * kernel is one of KERNEL_DTYPES;
-    #   * query [T, Hq, D], key_cache / value_cache [num_blocks, Hkv, block_size, D] (same dtype
-    #     as query, same shape as each other), block_tables [num_seqs, width] int32,
-    #     cu_seqlens_q [num_seqs + 1] int32, context_lens [num_seqs] int32 — each a torch tensor
-    #     or CuPy array (check_array does kind, rank, dtype, contiguity);
-    #   * head sizes agree; num_q_heads >= 1 and num_q_heads % num_kv_heads == 0 (0 % n == 0
-    #     too: refuse zero query heads explicitly); at least one block and one column;
-    #   * head_size, block_size and dtype supported (UnsupportedConfigError);
+    #   * query [T, Hq, D] in any of float16 / bfloat16 / float32 (a float64 query: TypeError
+    #     naming query), key_cache / value_cache [num_blocks, Hkv, block_size, D] of query's
+    #     dtype (another: TypeError naming the cache) and the same shape as each other (naming
+    #     value_cache), block_tables [num_seqs, width] int32, cu_seqlens_q [num_seqs + 1] int32,
+    #     context_lens [num_seqs] int32 — each a torch tensor or CuPy array (check_array does
+    #     kind, rank, dtype, contiguity);
+    #   * head sizes agree (the message says head_size); num_q_heads >= 1 and
+    #     num_q_heads % num_kv_heads == 0 (0 % n == 0 too: refuse zero query heads explicitly);
+    #     at least one block (naming key_cache) and one column (naming block_tables);
+    #   * head_size, block_size and the kernel's dtypes supported (UnsupportedConfigError) —
+    #     only here: a float32 query for "tc" passes the checks above;
     #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32)); alibi_slopes None or [Hq] float32 with every slope finite (NaN/inf -> ValueError); out None
     #     or like query;
     #   * query, caches and out start on a 16-byte boundary (data_ptr).
@@ -243,7 +247,7 @@ def paged_prefill_naive(query, key_cache, value_cache, block_tables, cu_seqlens_
     # (tag from DTYPE_TAG), grid (num_tokens, num_q_heads), block (head_size,), dynamic shared
     # memory 4 * head_size bytes, arguments in the kernel's order (common_args, then scale,
     # num_seqs, num_q_heads, num_kv_heads, block_size, max_blocks_per_seq, causal as
-    # np.float32 / np.int32), inside `with device_of(q):` through launch() — which launches on
+    # np.float32 / np.int32), inside `with device_of(as_torch(query)):` through launch() — on
     # torch's current stream. Return like_input(out_t, query), or `out` when one was given.
     raise NotImplementedError("TODO(lab5.3): paged_prefill_naive — launch the naive kernel")
 
