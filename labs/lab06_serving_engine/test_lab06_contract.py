@@ -305,3 +305,32 @@ def test_a_step_that_preempts_admits_nobody(impl):
     assert got == ([(0, 1)], 1), (
         f"(step 3's batch, preemptions) = {got}, not ([(0, 1)], 1): after a preemption, admit "
         "nobody in the same step (keep a `preempted` flag and skip admission)")
+
+
+@pytest.mark.points(1)
+def test_generate_returns_outputs_in_the_prompts_order(impl):
+    """``generate`` returns one output per prompt in the prompts' order, not in the order the
+    requests finish (here the second prompt finishes first)."""
+    llm = impl.LLM(paged_model(), num_blocks=16, block_size=BLOCK_SIZE)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    outs = llm.generate(prompts, [impl.SamplingParams(max_tokens=5), impl.SamplingParams(max_tokens=1)])
+    got = [(o.prompt_token_ids, len(o.output_token_ids)) for o in outs]
+    assert got == [([1, 2, 3], 5), ([4, 5, 6], 1)], (
+        f"generate returned (prompt, number of outputs) {got}: one output per prompt, in the "
+        "prompts' order — collect the outputs by seq_id, then return them in the order queued")
+
+
+@pytest.mark.points(1)
+def test_each_seeded_request_has_a_generator_of_its_own(impl):
+    """Two requests sharing one seeded ``SamplingParams`` each seed a generator of their own: both
+    sample the tokens a lone request with that seed samples."""
+    llm = impl.LLM(paged_model(), num_blocks=32, block_size=BLOCK_SIZE)
+    prompt = [3, 1, 4, 1, 5, 9]
+    params = impl.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    (alone,) = llm.generate([prompt], params)
+    both = llm.generate([prompt, prompt], params)
+    got = [o.output_token_ids for o in both]
+    assert got == [alone.output_token_ids] * 2, (
+        f"two requests with the same seeded params sampled {got}; alone, that seed samples "
+        f"{alone.output_token_ids}: each request seeds its own torch.Generator (one shared by "
+        "the params object, or reseeded per add, interleaves their draws)")

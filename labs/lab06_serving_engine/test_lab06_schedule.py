@@ -216,3 +216,98 @@ def test_counters_follow_their_docstrings_through_preemption(impl):
         f"peak_num_used_blocks = {llm.stats['peak_num_used_blocks']}, not 2: the last decode took "
         "a 2nd block and finished in the same step; read the blocks in use right after "
         "schedule(), before update() frees them")
+
+
+@pytest.mark.points(1)
+def test_prefix_caching_off_means_no_hit(impl):
+    """With ``enable_prefix_caching=False`` a request whose first 2 blocks another request has
+    computed hits nothing: ``num_cached_prompt_tokens`` and the hit counters stay 0."""
+    llm = impl.LLM(paged_model(), num_blocks=16, block_size=4, enable_prefix_caching=False)
+    prompt = list(range(30, 39))
+    llm.add_request(prompt, impl.SamplingParams(max_tokens=4))
+    llm.step()
+    seq_id = llm.add_request(prompt[:8] + [99], impl.SamplingParams(max_tokens=2))
+    llm.step()
+    got = (llm.sequences[seq_id].num_cached_prompt_tokens, llm.stats["num_prefix_hit_tokens"])
+    assert got == (0, 0), (
+        f"(num_cached_prompt_tokens, num_prefix_hit_tokens) = {got} with prefix caching off, not "
+        "(0, 0): with enable_prefix_caching=False, match nothing and register nothing")
+
+
+@pytest.mark.points(1)
+def test_queried_tokens_count_a_readmitted_request_s_outputs(impl):
+    """``num_queried_tokens`` adds every token a request holds at each admission: after a
+    preemption, its prompt and the tokens it had generated (here 5 + 5 + 9 = 19)."""
+    llm = _llm(impl, num_blocks=5, block_size=4)
+    for _ in range(2):
+        llm.add_request([1, 2, 3, 4, 5], impl.SamplingParams(max_tokens=8))
+    _run(llm)
+    got = (llm.stats["num_preemptions"], llm.block_manager.num_queried_tokens,
+           llm.stats["num_prefix_hit_tokens"])
+    assert got == (1, 19, 8), (
+        f"(preemptions, num_queried_tokens, num_prefix_hit_tokens) = {got}, not (1, 19, 8): the "
+        "preempted request is queried again with its prompt and its 4 outputs (9 tokens), not "
+        "its prompt alone")
+
+
+@pytest.mark.points(1)
+def test_an_admission_that_does_not_fit_counts_nothing(impl):
+    """``_admit`` returns False *with nothing changed* when the blocks do not fit: a request whose
+    prefix hits the cache but whose other blocks are not free adds nothing to the hit or query
+    counters while it waits."""
+    llm = _llm(impl, num_blocks=4, block_size=4)
+    llm.add_request([1, 2, 3, 4, 5], impl.SamplingParams(max_tokens=4))
+    llm.add_request([1, 2, 3, 4] + list(range(20, 30)), impl.SamplingParams(max_tokens=1))
+    _steps(llm, 2)  # request 1 hits block [1, 2, 3, 4] but needs 3 more blocks: 2 are free
+    got = (_waiting(llm), llm.stats["num_prefix_hit_tokens"], llm.block_manager.num_queried_tokens)
+    assert got == ([1], 0, 5), (
+        f"(waiting, num_prefix_hit_tokens, num_queried_tokens) = {got}, not ([1], 0, 5): an "
+        "admission that does not fit must change nothing — decide from match_prefix and the "
+        "free count first, and only then use_prefix and allocate")
+
+
+@pytest.mark.points(1)
+def test_prefix_hit_tokens_take_no_budget(impl):
+    """Tokens a prefix-cache hit covers are not run, so they take none of the step's budget:
+    with 8 tokens of budget, two decodes, a request hitting 8 cached tokens (1 to run) and a
+    1-token request all fit in one step."""
+    llm = _llm(impl, num_blocks=16, block_size=4, budget=8)
+    prompt = list(range(30, 39))
+    llm.add_request(prompt, impl.SamplingParams(max_tokens=4))
+    _steps(llm, 2)
+    llm.add_request(prompt[:8] + [99], impl.SamplingParams(max_tokens=2))
+    llm.add_request([5], impl.SamplingParams(max_tokens=2))
+    llm.step()
+    assert _batch(llm) == [(0, 1), (1, 1), (2, 1)], (
+        f"the step scheduled {_batch(llm)}, not [(0, 1), (1, 1), (2, 1)]: request 1's 8 cached "
+        "tokens are not run and take no budget; subtract only the tokens scheduled")
+
+
+@pytest.mark.points(1)
+def test_peak_counts_a_shared_block_once(impl):
+    """``peak_num_used_blocks`` counts blocks in use (``num_blocks - num_free_blocks``): a block
+    two requests share through the prefix cache is one block, not one per holder."""
+    llm = _llm(impl, num_blocks=16, block_size=4)
+    prompt = list(range(30, 39))
+    llm.add_request(prompt, impl.SamplingParams(max_tokens=2))
+    llm.step()
+    llm.add_request(prompt[:8] + [99], impl.SamplingParams(max_tokens=1))
+    llm.step()
+    assert llm.stats["peak_num_used_blocks"] == 4, (
+        f"peak_num_used_blocks = {llm.stats['peak_num_used_blocks']}, not 4: request 1 shares "
+        "request 0's 2 full blocks; count the blocks in use, not the table entries")
+
+
+@pytest.mark.points(1)
+def test_victims_of_one_step_wait_in_their_admission_order(impl):
+    """Two requests preempted in one step each go to the front as they are preempted (the
+    newest first), so they wait in the order they had been admitted."""
+    llm = _llm(impl, num_blocks=3, block_size=4)
+    for prompt in ([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]):
+        llm.add_request(prompt, impl.SamplingParams(max_tokens=3))
+    _steps(llm, 2)  # step 1: request 0's decode needs a block: requests 2, then 1, preempted
+    got = (llm.stats["num_preemptions"], _waiting(llm))
+    assert got == (2, [1, 2]), (
+        f"(preemptions, waiting) = {got}, not (2, [1, 2]): request 2 is preempted first and goes "
+        "to the front, then request 1 goes to the front ahead of it (appendleft each victim as "
+        "it is preempted)")
