@@ -100,3 +100,31 @@ def test_dense_causal_refuses_more_queries_than_keys(impl):
     position in the sequence) with a ``ValueError``."""
     with pytest.raises(ValueError):
         impl.dense_attention(np.ones((3, 1, 2)), np.ones((2, 1, 2)), np.ones((2, 1, 2)), 1.0)
+
+
+@pytest.mark.points(1)
+def test_no_function_changes_the_arrays_it_is_given(impl):
+    """Every function returns new arrays and leaves its arguments as they were: the merges'
+    states, and the query and caches that ``paged_decode_lowp`` rounds (it rounds copies)."""
+    from labs.lab03_paged_attention_oracle._compare import decode_args
+    from reference.inputs import make_decode_case
+
+    def unchanged(name, call, *arrays):
+        before = [np.array(a, copy=True) for a in arrays]
+        call(*arrays)
+        changed = [i for i, (a, b) in enumerate(zip(arrays, before))
+                   if not np.array_equal(a, b, equal_nan=True)]
+        assert not changed, (
+            f"{name} changed its argument(s) {changed} — likely cause: an in-place *=, += or "
+            f"np.round(..., out=) on an array passed in; compute into new arrays")
+
+    m = np.array([[0.5, -np.inf], [1.5, 2.0]])  # [num_partitions=2, 2]
+    l, acc = np.array([[1.0, 0.0], [2.0, 1.0]]), np.ones((2, 2, 3))
+    unchanged("merge_partitions", impl.merge_partitions, m, l, acc)
+    unchanged("merge_attn_states", impl.merge_attn_states, np.ones((2, 3)), np.array([0.5, 1.0]),
+              np.full((2, 3), 2.0), np.array([1.5, -np.inf]))
+    case = make_decode_case(61, [5, 20], 4, 2, 8, 4, dtype=np.float64)
+    args = decode_args(case)
+    unchanged("paged_decode_lowp", lambda *a: impl.paged_decode_lowp(*a, args[5]), *args[:5])
+    unchanged("paged_decode_split_k",
+              lambda *a: impl.paged_decode_split_k(*a, args[5], partition_size=8), *args[:5])

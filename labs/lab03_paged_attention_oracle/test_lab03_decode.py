@@ -306,3 +306,50 @@ def test_decode_rejects_bad_input_with_typed_errors(impl, change, error, match):
         args = _bad(case, scale=-1.0)
     with pytest.raises(error, match=match):
         impl.paged_decode(**args)
+
+
+def _far_apart_cache():
+    """One KV head, block size 4, head size 1: K = 1 everywhere; V = 1 in block 0, 3 in block 1."""
+    key_cache = np.ones((2, 1, 4, 1))
+    value_cache = np.ones((2, 1, 4, 1))
+    value_cache[1] = 3.0
+    return key_cache, value_cache
+
+
+@pytest.mark.points(1)
+def test_every_state_keeps_a_max_of_its_own_far_from_the_others(impl):
+    """Each (sequence, head, query) and each split-K partition keeps its own running max: a
+    head, a query or a sequence whose logits are ~2000 (or ~800) below another's still gets
+    its exact softmax, never an underflow to 0 (a max shared between them, or an empty
+    partition whose max starts at 0 instead of -inf, shifts its exponents past exp's range)."""
+    key_cache, value_cache = _far_apart_cache()
+    # decode, two query heads on one KV head: logits +1000 and -1000
+    out, lse = impl.paged_decode(np.array([[[1000.0], [-1000.0]]]), key_cache, value_cache,
+                                 np.array([[0, PAD_BLOCK_ID]], dtype=np.int32), np.array([2]), 1.0)
+    assert np.allclose(out[0, :, 0], [1.0, 1.0]) and np.allclose(lse[0], [1000 + LN2, -1000 + LN2]), (
+        f"paged_decode with head logits +1000 / -1000 gave out {out[0, :, 0]}, lse {lse[0]} "
+        f"(want [1, 1], [1000.69, -999.31]): one running max per head, not one for all heads")
+    # prefill, two queries of one sequence: logits +1000 and -1000
+    out, lse = impl.paged_prefill(np.array([[[1000.0]], [[-1000.0]]]), key_cache, value_cache,
+                                  np.array([[0, PAD_BLOCK_ID]], dtype=np.int32), np.array([0, 2]),
+                                  np.array([2]), 1.0)
+    assert np.allclose(out[:, 0, 0], [1.0, 1.0]) and np.allclose(lse[:, 0], [1000.0, -1000 + LN2]), (
+        f"paged_prefill with query logits +1000 / -1000 gave out {out[:, 0, 0]}, lse "
+        f"{lse[:, 0]} (want [1, 1], [1000, -999.31]): one running max per (head, query)")
+    # split-K: sequence 0 fills 1 of 2 partitions; every logit is -800
+    query = np.full((2, 1, 1), -800.0)
+    tables = np.array([[0, PAD_BLOCK_ID], [0, 1]], dtype=np.int32)
+    want_out, want_lse = impl.paged_decode(query, key_cache, value_cache, tables, np.array([4, 8]), 1.0)
+    out, lse = impl.paged_decode_split_k(query, key_cache, value_cache, tables, np.array([4, 8]),
+                                         1.0, partition_size=4)
+    assert np.allclose(out, want_out) and np.allclose(lse, want_lse), (
+        f"paged_decode_split_k with logits of -800 gave out {out[:, 0, 0]}, lse {lse[:, 0]}; "
+        f"paged_decode gives {want_out[:, 0, 0]}, {want_lse[:, 0]}: an empty partition's max is "
+        f"-inf (it merges as the identity), never 0")
+    # merge_attn_states of two finished states whose lse are both 1000 (or both -800)
+    for big in (1000.0, -800.0):
+        out, lse = impl.merge_attn_states(np.array([[1.0]]), np.array([big]), np.array([[3.0]]),
+                                          np.array([big]))
+        assert np.allclose(out, [[2.0]]) and np.allclose(lse, [big + LN2]), (
+            f"merge_attn_states of lse {big:g} and {big:g} gave out {out}, lse {lse} (want 2, "
+            f"{big + LN2:.2f}): weigh by exp(lse - max lse), never by exp(lse) itself")
