@@ -149,13 +149,14 @@ def call_with_another_slipped_in(scenario: str) -> dict:
     Args:
         scenario: ``"get_computed_blocks"`` (two freed cached blocks; an ``allocate`` after the
             lock's first release), ``"get_cached_block"`` (one freed cached block; an
-            ``allocate`` before its first acquire) or ``"free_blocks"`` (one block in use; a
-            ``free`` of it after the first release).
+            ``allocate`` before its first acquire), ``"free_blocks"`` / ``"free"`` /
+            ``"increase_ref_count"`` (one block in use; that call on it, with a ``free`` of it
+            after the call's first release).
 
     Returns:
-        ``{"call": outcome, "other": outcome, "ref_counts": [...], "errors": [...]}``,
-        outcomes as ``("ok", value)`` or ``("raised", "ErrorName")``, ``errors`` the raised
-        exceptions' texts.
+        ``{"call": outcome, "other": outcome, "ref_counts": [...], "num_free_blocks": n,
+        "errors": [...]}``, outcomes as ``("ok", value)`` or ``("raised", "ErrorName")``,
+        ``errors`` the raised exceptions' texts.
     """
     from reference.loader import load_impl
 
@@ -180,14 +181,18 @@ def call_with_another_slipped_in(scenario: str) -> dict:
         bm.free(0)
         bm._lock = _SlipInLock("pre", lambda: other.append(_outcome(bm.allocate, errors)))
         result = _outcome(lambda: bm.get_cached_block(h), errors)
-    elif scenario == "free_blocks":
+    elif scenario in ("free_blocks", "free", "increase_ref_count"):
         bm = impl.BlockManager(2)
         block_id = bm.allocate()
         bm._lock = _SlipInLock("post", lambda: other.append(
             _outcome(lambda: bm.free(block_id), errors)))
-        result = _outcome(lambda: bm.free_blocks([block_id]), errors)
+        call = {"free_blocks": lambda: bm.free_blocks([block_id]),
+                "free": lambda: bm.free(block_id),
+                "increase_ref_count": lambda: bm.increase_ref_count(block_id)}[scenario]
+        result = _outcome(call, errors)
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     bm._lock = threading.Lock()
     return {"call": result, "other": other[0] if other else None,
-            "ref_counts": [bm.get_ref_count(i) for i in range(bm.num_blocks)], "errors": errors}
+            "ref_counts": [bm.get_ref_count(i) for i in range(bm.num_blocks)],
+            "num_free_blocks": bm.num_free_blocks, "errors": errors}

@@ -168,12 +168,13 @@ def test_allocate_never_returns_a_block_in_use(impl):
 
 @pytest.mark.points(2)
 def test_free_blocks_is_all_or_nothing_and_frees_tail_first(impl):
-    """free_blocks validates every id first (no partial frees), then frees the tail first."""
+    """free_blocks validates every id first (no partial frees; a block listed more times than
+    its ref count is a DoubleFreeError naming ``block_id=``), then frees the list's tail first."""
     bm = impl.BlockManager(6)
     seq = bm.allocate_n(3)  # [0, 1, 2]
     bm.increase_ref_count(seq[0])
     before = snapshot(bm)
-    with pytest.raises(DoubleFreeError):
+    with pytest.raises(DoubleFreeError, match=f"block_id={seq[1]}"):
         bm.free_blocks([seq[1], seq[1]])  # ref_count 1, listed twice
     with pytest.raises(IndexError, match="block_id"):
         bm.free_blocks([seq[0], 17])
@@ -184,3 +185,11 @@ def test_free_blocks_is_all_or_nothing_and_frees_tail_first(impl):
         "free_blocks must free the tail block first, so it is evicted before the prefix"
     )
     check_invariants(bm)
+    # "tail first" is the *list's* last entry, not the highest id: a sequence's blocks need not
+    # be in id order
+    bm = impl.BlockManager(3)
+    bm.allocate_n(3)
+    bm.free_blocks([2, 0, 1])
+    assert bm.free_block_queue.block_ids() == [1, 0, 2], (
+        f"free_blocks([2, 0, 1]) left the free queue {bm.free_block_queue.block_ids()}, not "
+        "[1, 0, 2]: free the list's last entry first (reversed(block_ids)), whatever the ids")

@@ -75,11 +75,13 @@ def test_a_queue_refuses_a_block_that_moved_to_another_queue(impl):
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("scenario", ["get_computed_blocks", "get_cached_block", "free_blocks"])
+@pytest.mark.parametrize("scenario", ["get_computed_blocks", "get_cached_block", "free_blocks",
+                                      "free", "increase_ref_count"])
 def test_calls_stay_atomic_when_another_call_slips_in(impl, scenario):
     """With a competing call let in just before a method's first lock acquire or just after its
     first release, the outcome is one that some serial order of the two calls gives: no hit on
-    a block just handed to someone else, no ref count below 0."""
+    a block just handed to someone else, no ref count below 0, no block both free and in use
+    (``num_free_blocks`` = the blocks whose ref count is 0)."""
     seen = given(impl, call_with_another_slipped_in)(scenario)
     call, other, refs = seen["call"], seen["other"], seen["ref_counts"]
     serial = {
@@ -90,9 +92,15 @@ def test_calls_stay_atomic_when_another_call_slips_in(impl, scenario):
         "get_cached_block": [(("ok", 0), ("raised", "OutOfBlocksError")),
                              (("ok", None), ("ok", 0))],
         "free_blocks": [(("ok", None), ("raised", "DoubleFreeError"))],
+        "free": [(("ok", None), ("raised", "DoubleFreeError"))],
+        # the increase first: both succeed (ref 1); or the free first: the increase is refused
+        "increase_ref_count": [(("ok", None), ("ok", None)),
+                               (("raised", "BlockNotAllocatedError"), ("ok", None))],
     }[scenario]
     got = (tuple(call), tuple(other) if other else None)
-    assert got in [(tuple(c), tuple(o)) for c, o in serial] and min(refs) >= 0, (
-        f"{scenario} with a competing call let in gave {got}, ref counts {refs}; a serial order "
+    free_ok = seen["num_free_blocks"] == sum(1 for r in refs if r == 0)
+    assert got in [(tuple(c), tuple(o)) for c, o in serial] and min(refs) >= 0 and free_ok, (
+        f"{scenario} with a competing call let in gave {got}, ref counts {refs}, "
+        f"num_free_blocks {seen['num_free_blocks']}; a serial order "
         f"gives one of {serial} (errors raised: {seen['errors'] or 'none'}) — likely cause: the "
         "lock taken more than once in one call, or state read before taking it")

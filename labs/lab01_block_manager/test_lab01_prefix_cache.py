@@ -56,7 +56,8 @@ def test_freed_cached_block_keeps_its_hash_and_is_revived_by_a_hit(impl):
 
 @pytest.mark.points(2)
 def test_eviction_takes_the_least_recently_freed_block_first(impl):
-    """Allocating from a pool of cached free blocks evicts them in the order they were freed."""
+    """Allocating from a pool of cached free blocks evicts them in the order they were freed, and
+    the head is taken even when an uncached free block stands behind it."""
     bm = impl.BlockManager(3)
     ids = bm.allocate_n(3)
     for block, h in zip(ids, (10, 11, 12)):
@@ -72,6 +73,17 @@ def test_eviction_takes_the_least_recently_freed_block_first(impl):
     assert bm.allocate() == ids[2]
     assert bm.num_cached_blocks == 1
     check_invariants(bm)
+    # the head is taken even when it is cached and an uncached free block stands behind it
+    bm = impl.BlockManager(2)
+    a, b = bm.allocate_n(2)
+    bm.cache_block(a, 1)
+    bm.free(a)
+    bm.free(b)  # queue: a (cached), b (not)
+    got = (bm.allocate(), bm.get_cached_block(1), bm.num_cached_blocks)
+    assert got == (a, None, 0), (
+        f"(allocate(), get_cached_block(1), num_cached_blocks) = {got}, not ({a}, None, 0): "
+        "allocate takes the head of the free queue, evicting its hash, even when an uncached "
+        "block waits behind it (skipping cached blocks breaks the least-recently-freed order)")
 
 
 @pytest.mark.points(2)

@@ -352,7 +352,7 @@ class BlockManager:
             for block_id, count in drops.items():
                 if count > self.blocks[block_id].ref_count:
                     raise DoubleFreeError(
-                        f"free_blocks(): block {block_id} listed {count} times but its "
+                        f"free_blocks(): block_id={block_id} listed {count} times but its "
                         f"ref_count is {self.blocks[block_id].ref_count}"
                     )
             for block in reversed(blocks):
