@@ -245,7 +245,8 @@ def test_write_kv_rejects_bad_tensors_and_slots(impl, device, case):
 @pytest.mark.points(1)
 def test_slot_mapping_rejects_bad_batches(impl, device):
     """slot_mapping refuses mismatched lengths (either list longer), a repeated sequence, more new tokens than the
-    sequence holds, and new tokens that would land in a block shared after a fork (ValueError)."""
+    sequence holds, and new tokens that would land in a block shared after a fork (ValueError);
+    zero new tokens of a fork land nowhere and are accepted."""
     pool = new_pool(impl, device)
     pool.add_sequence(0, 5)
     pool.add_sequence(1, 6)
@@ -258,6 +259,8 @@ def test_slot_mapping_rejects_bad_batches(impl, device):
     refused(pool, lambda: pool.slot_mapping([0], [-1]), ValueError, "num_new_tokens")
     refused(pool, lambda: pool.slot_mapping([2], [1]), ValueError, "shared")
     assert pool.slot_mapping([0], [0]).numel() == 0
+    # zero new tokens land nowhere, so a fork whose last block is shared and partial is fine
+    assert pool.slot_mapping([1, 2], [0, 0]).numel() == 0
     assert np.array_equal(pool.slot_mapping([0], [1]).cpu().numpy(), [4])
 
 

@@ -199,3 +199,28 @@ def test_pool_uses_the_block_manager_it_is_given(impl, device):
     assert bm.num_free_blocks == 3 and [bm.get_ref_count(b) for b in range(3)] == [1, 1, 1]
     pool.free_sequence(0)
     assert bm.num_free_blocks == 6
+
+
+@pytest.mark.points(1)
+def test_freed_rows_are_reused_lowest_first(impl, device):
+    """A new sequence takes the lowest free table row, whatever order rows were freed in (the
+    given ``_free_rows`` is a heap: push a freed row, pop the lowest)."""
+    pool = new_pool(impl, device, max_num_seqs=5, num_blocks=12)
+    for seq_id in range(5):
+        pool.add_sequence(seq_id, 1)
+    for seq_id in (4, 3, 0):
+        pool.free_sequence(seq_id)
+    pool.add_sequence(10, 1)
+    pool.fork(1, 11)
+    pool.add_sequence(12, 1)
+    rows = [pool.get_row(s) for s in (10, 11, 12)]
+    assert rows == [0, 3, 4], (
+        f"after freeing rows 4, 3, 0 the next three sequences took rows {rows}, not [0, 3, 4]: "
+        "take the lowest free row (heapq.heappop), and give a freed row back with heappush")
+    pool.free_sequence(10)  # row 0
+    pool.free_sequence(11)  # row 3, freed last
+    pool.add_sequence(13, 1)
+    assert pool.get_row(13) == 0, (
+        f"with rows 0 and 3 free (3 freed last) the next sequence took row {pool.get_row(13)}, "
+        "not 0: the lowest free row, not the most recently freed one")
+    check_invariants(pool)
