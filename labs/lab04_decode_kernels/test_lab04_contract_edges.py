@@ -257,3 +257,83 @@ def test_split_launcher_plans_and_launches_with_the_kernels_limits(impl, version
         assert tuple(block) == (64,), f"{version}: NUM_WARPS=2 gives 64 threads, got {block}"
         assert f"-DMAX_PARTITION_SIZE={kernel.max_partition_size}" in options, (
             f"{version}: options {options} lack -DMAX_PARTITION_SIZE={kernel.max_partition_size}")
+
+
+@needs_device
+@pytest.mark.emulated
+@pytest.mark.points(1)
+def test_paged_attention_passes_scale_and_out_on(impl):
+    """``paged_attention`` hands the kernel it picks the ``scale`` it was given (not the default
+    1/sqrt(head_size)) and fills the ``out`` it was given."""
+    from labs.lab04_decode_kernels._cases import GpuCase, assert_matches
+    from reference.oracle import paged_decode_ref
+
+    case = GpuCase(143, [23, 10], 8, 2, 128, 16)
+    q, k, v, bt, cl = case.args()
+    half = case.scale / 2
+    ref, _ = paged_decode_ref(q.float().cpu().numpy(), k.float().cpu().numpy(),
+                              v.float().cpu().numpy(), case.host_tables, case.host_lens, half)
+    out = case.poisoned_out()
+    impl.paged_attention(q, k, v, bt, cl, half, out=out)
+    synchronize()
+    assert_matches(out, ref, case.host_lens, case.dtype,
+                   "paged_attention(scale=default / 2, out=buffer), read from the buffer")
+
+
+@needs_device
+@pytest.mark.emulated
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", ["v1", "v4"])
+def test_an_out_on_another_device_is_refused(impl, version):
+    """An ``out`` on another device than the inputs is a ``DeviceMismatchError`` naming ``out``
+    (check_decode_args: every tensor on one CUDA device), before any kernel writes through it."""
+    from labs.lab04_decode_kernels._cases import GpuCase
+
+    case = GpuCase(144, [9, 30], 8, 2, 128, 16)
+    other = "meta" if case.query.device.type == "cpu" else "cpu"
+    out = torch.empty(case.query.shape, dtype=case.query.dtype, device=other)
+    raises_naming(lambda: impl.KERNELS[version](*case.args(), case.scale, out=out),
+                  DeviceMismatchError, "out", f"{version} with out on {other}",
+                  crashed_hint=" — likely cause: out left out of the device check")
+
+
+@needs_device
+@pytest.mark.emulated
+@pytest.mark.points(1)
+def test_a_decode_plan_covers_the_tables_reach_and_keeps_a_forced_plan(impl):
+    """Without ``max_context_len`` a plan covers what the block table can address, not the
+    example lengths it was made with (its runs may have longer contexts); a forced ``plan`` is
+    the one used (its number of partitions is the grid's)."""
+    from labs.lab04_decode_kernels._cases import GpuCase
+
+    case = GpuCase(6, [4000], 8, 2, 128, 16)  # a table of 250 blocks: 4000 tokens
+    q, k, v, bt, cl = case.args()
+    short = torch.full_like(cl, 300)
+    default = impl.plan_decode(q, k, v, bt, short, version="v4")
+    explicit = impl.plan_decode(q, k, v, bt, short, version="v4", max_context_len=4000)
+    assert default.num_partitions == explicit.num_partitions, (
+        f"plan_decode on example lengths of 300 (table: 4000 tokens) chose {default.num_partitions} "
+        f"partitions, with max_context_len=4000 {explicit.num_partitions}: without "
+        "max_context_len, size the plan from what the block table can address, never from "
+        "context_lens (a later run with 4000 tokens would skip partitions)")
+    case = GpuCase(5, [1000], 8, 2, 128, 16)
+    forced = impl.plan_decode(*case.args(), version="v4", plan=impl.SplitKVPlan(6, 256))
+    assert forced.num_partitions == 6, (
+        f"with plan=SplitKVPlan(6, 256) the launcher used {forced.num_partitions} partitions: "
+        "a forced plan replaces plan_split_kv's")
+
+
+@needs_device
+@pytest.mark.emulated
+@pytest.mark.points(1)
+def test_v6_sizes_its_shared_memory_for_its_tuning(impl):
+    """v6 with ``tuning={"NUM_STAGES": 4}`` sizes its dynamic shared memory for 4 stages (the
+    ring the kernel is compiled for), not the default, and still matches the oracle."""
+    from labs.lab04_decode_kernels._cases import GpuCase, assert_matches
+
+    case = GpuCase(10, [300, 77], 8, 2, 128, 16)
+    out = impl.paged_attention_v6(*case.args(), case.scale, tuning={"NUM_STAGES": 4})
+    synchronize()
+    assert_matches(out, case.ref, case.host_lens, case.dtype,
+                   "paged_attention_v6(tuning={'NUM_STAGES': 4}) — likely cause: shared memory "
+                   "sized from the default defines, not this call's")

@@ -662,3 +662,14 @@ def test_split_plan_refuses_values_just_out_of_range(impl, kwargs, name):
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
         impl.plan_split_kv(**args)
+
+
+@pytest.mark.points(1)
+def test_paged_attention_passes_plan_and_max_context_len_on(impl):
+    """``paged_attention`` takes its arguments "as paged_attention_v4": a bad forced ``plan`` and
+    a context past ``max_context_len`` are refused through it as through v4 (``ValueError``
+    naming them), not dropped on the way to the kernel it picks."""
+    with pytest.raises(ValueError, match="plan"):
+        impl.paged_attention(**cpu_batch(), plan=impl.SplitKVPlan(1, 100), max_context_len=200)
+    with pytest.raises(ValueError, match="max_context_len"):
+        impl.paged_attention(**cpu_batch(), max_context_len=10)  # contexts 5, 14, 23
