@@ -115,7 +115,7 @@ def test_id_validity_and_call_order_are_checked(impl, data):
                   (lambda: bm.cache_block(f, 99), ("block_id",))]
     if used_ids:
         u = data.draw(st.sampled_from(used_ids))
-        cases.append((lambda: bm.free_blocks([u] * (bm.get_ref_count(u) + 1)), (f"block {u}",)))
+        cases.append((lambda: bm.free_blocks([u] * (bm.get_ref_count(u) + 1)), (f"block_id={u}",)))
         cached = bm.blocks[u].block_hash
         if cached is not None:
             cases.append((lambda: bm.cache_block(u, cached ^ 1), ("block_hash",)))
