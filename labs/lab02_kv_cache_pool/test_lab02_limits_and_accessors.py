@@ -12,8 +12,8 @@ from reference.errors import SequenceTooLongError
 
 @pytest.mark.points(1)
 def test_accessors_return_copies_not_live_state(impl, device):
-    """Editing what add_sequence, get_block_table, seq_ids or gather_kv returned changes nothing
-    in the pool: they return copies, never the pool's own lists or a view of its caches."""
+    """Editing what add_sequence, get_block_table or seq_ids returned changes nothing in the
+    pool: they return copies, never the pool's own lists."""
     pool = new_pool(impl, device)
     got = pool.add_sequence(3, 6)
     pool.add_sequence(4, 2)
@@ -32,18 +32,6 @@ def test_accessors_return_copies_not_live_state(impl, device):
     assert 99 not in pool.seq_ids
     pool.append_tokens(3, 3)  # grows from the real table, not the edited one
     check_invariants(pool)
-    # gather_kv copies, even a one-block sequence's pages: editing its result edits no cache
-    pool.add_sequence(5, 3)
-    slots = pool.slot_mapping([5], [3])
-    ones = torch.ones(3, pool.num_kv_heads, pool.head_size, dtype=pool.dtype, device=pool.device)
-    pool.write_kv(slots, ones, ones)
-    key, value = pool.gather_kv(5)
-    key.zero_()
-    value.zero_()
-    again = pool.gather_kv(5)
-    assert bool((again[0] == 1).all()) and bool((again[1] == 1).all()), (
-        "zeroing what gather_kv returned zeroed the cache: gather_kv copies (cache[block_ids] "
-        "indexing copies; a slice of the cache is a view)")
 
 
 @pytest.mark.points(1)
