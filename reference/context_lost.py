@@ -18,28 +18,12 @@ Loaded by the root ``conftest.py`` (``pytest_plugins``).
 
 from __future__ import annotations
 
-import sys
-
 import pytest
+
+from reference.gpu import cuda_context_lost
 
 #: The node id of the test after which this process's CUDA context was found lost.
 _LOST_AFTER: list[str] = []
-
-
-def cuda_context_lost() -> bool:
-    """True when this process has a CUDA context and it can no longer run work.
-
-    NOTE: a stream query, not a synchronize: it never waits (a hung kernel reads as healthy
-    here; pytest-timeout and the grader's watchdog deal with it).
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.current_stream().query()
-    except Exception:  # noqa: BLE001 — a sticky error surfaces as any CUDA error here
-        return True
-    return False
 
 
 def lost_context_note(nodeid: str, lost_after: str) -> str:

@@ -74,6 +74,30 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def cuda_context_lost(wait: bool = False) -> bool:
+    """True when this process has a CUDA context and it can no longer run work (a sticky
+    error: an illegal address, a trap, a launch failure, which every later CUDA call reports).
+
+    Args:
+        wait: synchronize, so a fault in a kernel still running counts too (the grading worker,
+            after a call that raised); False queries the stream and never waits (a hung kernel
+            then reads as healthy: pytest-timeout and the grader's watchdog deal with it).
+
+    NOTE: only where torch already made a context: no GPU work otherwise.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    try:
+        if wait:
+            torch.cuda.synchronize()
+        else:
+            torch.cuda.current_stream().query()
+    except Exception:  # noqa: BLE001 — any CUDA error here means the context is unusable
+        return True
+    return False
+
+
 #: GPU cycles of the side stream's sleep, tried in turn (about 0.2, 1 and 4 s on an H100/H200).
 BUSY_STREAM_CYCLES = (400_000_000, 2_000_000_000, 8_000_000_000)
 

@@ -8,6 +8,7 @@ import torch
 
 from labs.lab02_kv_cache_pool._state import check_invariants, new_pool, snapshot
 from reference.errors import SequenceTooLongError
+from reference.expect import raises_naming
 
 
 @pytest.mark.points(1)
@@ -137,24 +138,16 @@ def test_a_pool_too_large_to_allocate_is_refused_with_value_error(impl, sizes):
     """Sizes whose tensors cannot exist (a byte count past int64, a dimension past int64) are
     refused with a ValueError saying "cannot be allocated" and naming the sizes, whatever error
     torch raised underneath (and before the default block manager is built)."""
-    try:
-        new_pool(impl, "cpu", **sizes)
-    except ValueError as exc:
-        error = exc
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001 — the message says which
-        pytest.fail(f"{sizes}: {exc!r} came out; expected a ValueError saying 'cannot be "
-                    f"allocated' — likely cause: torch's own RuntimeError or TypeError let "
-                    f"through instead of a ValueError")
-    else:
-        pytest.fail(f"{sizes}: accepted; expected a ValueError saying 'cannot be allocated'")
-    assert "cannot be allocated" in str(error), (
-        f"{sizes}: {error!r} — the docstring's Raises: the message says 'cannot be allocated' "
-        f"and names the sizes. Likely cause: a check that runs before the tensors are made "
-        f"(e.g. the default block manager built first, refusing num_blocks itself)")
-    assert "num_blocks" in str(error), (
-        f"{sizes}: {error!r} — the error should name the sizes that were asked for")
+    # NOTE: each check makes the call again (a refused pool changes nothing).
+    call = lambda: new_pool(impl, "cpu", **sizes)  # noqa: E731
+    raises_naming(call, ValueError, "cannot be allocated",
+                  f"{sizes} (the docstring's Raises: the message says 'cannot be allocated' and "
+                  f"names the sizes; likely cause: a check that runs before the tensors are made, "
+                  f"e.g. the default block manager built first, refusing num_blocks itself)",
+                  crashed_hint=" — likely cause: torch's own RuntimeError or TypeError let "
+                               "through instead of a ValueError")
+    raises_naming(call, ValueError, "num_blocks",
+                  f"{sizes} (the error should name the sizes that were asked for)")
 
 
 @pytest.mark.points(1)

@@ -19,6 +19,7 @@ Usage: ``python -m reference.grader.worker LAB``.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import struct
@@ -32,6 +33,10 @@ import numpy as np
 
 from reference.grader.codec import EXT_HANDLE, Codec, is_compact, storage_bytes
 from reference.grader.shared import WorkerShared
+from reference.gpu import cuda_context_lost
+
+#: After a call that raised: is this process's CUDA context gone? (waits for pending kernels)
+_cuda_context_lost = functools.partial(cuda_context_lost, wait=True)
 
 #: Most calls served at once (tests start a handful of threads; hypothesis none).
 MAX_THREADS = 64
@@ -670,22 +675,6 @@ class Worker:
             counter, self._torch_calls = self._torch_calls, None
             return counter[0] if counter else 0
         raise ValueError(f"unknown request {op!r}")
-
-
-def _cuda_context_lost() -> bool:
-    """After a call that raised: True when this process's CUDA context is gone (a sticky error:
-    an illegal address, a trap, a launch failure), which every later CUDA call would report.
-
-    NOTE: only where torch already made a context (a kernel lab's call): no GPU work otherwise.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.synchronize()
-    except BaseException:  # noqa: BLE001 — any error here means the context is unusable
-        return True
-    return False
 
 
 def _workbook_attr(name: str, allowed, what: str):
