@@ -25,6 +25,22 @@ from reference.gpu import cuda_context_lost
 #: The node id of the test after which this process's CUDA context was found lost.
 _LOST_AFTER: list[str] = []
 
+#: How the one-line message of a failure caused by an earlier test's lost context begins.
+NOT_OWN_FAILURE = "not this test's own failure"
+
+
+def is_own_failure(message: str) -> bool:
+    """False for a failure this plugin marked as caused by an earlier test's lost context.
+
+    Args:
+        message: a failed test's one-line message (the grading record's ``message``).
+
+    Returns:
+        False when the message begins with :data:`NOT_OWN_FAILURE` (with or without the
+        ``NOTE:`` of a report that had no crash line); True otherwise.
+    """
+    return not message.removeprefix("NOTE: ").startswith(NOT_OWN_FAILURE)
+
 
 def lost_context_note(nodeid: str, lost_after: str) -> str:
     """The note for a failing test, given the test after which the context was lost.
@@ -43,7 +59,7 @@ def lost_context_note(nodeid: str, lost_after: str) -> str:
                 "earlier test left running): every later CUDA call in this process fails, so the "
                 "tests after it fail too until this is fixed")
     path, _, name = nodeid.partition("::")
-    return (f"NOTE: not this test's own failure: the CUDA context was lost in an earlier test, "
+    return (f"NOTE: {NOT_OWN_FAILURE}: the CUDA context was lost in an earlier test, "
             f"{lost_after}; fix that one first, or run this test alone: "
             f"pytest '{path}::{name}'")
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from grading_helpers import pagedlab
-from reference.grader.diagnosis import (diagnose, groups, jaccard, load_entries, signatures_path,
-                                        student_diagnosis)
+from reference.context_lost import is_own_failure, lost_context_note
+from reference.grader.diagnosis import (diagnose, diagnosis_lines, groups, jaccard, load_entries,
+                                        signatures_path, student_diagnosis)
+from reference.grader.results import TestResult
 from reference.grader.mutants import build_mutant, load_mutants
 from reference.loader import MUTANT_DIR_ENV
 from reference.paths import REPO_ROOT, lab_names
@@ -68,6 +70,27 @@ def test_only_a_clear_match_names_a_mistake():
     assert diagnose({"t1", "t9"}, entries) is None  # nothing near 0.8
     assert diagnose(set(), entries) is None
     assert jaccard({"x"}, {"x", "y"}) == 0.5
+
+
+def test_failures_after_a_lost_cuda_context_are_not_diagnosed():
+    """A failure the lost-context plugin marks as an earlier test's (its message begins "not
+    this test's own failure", with or without "NOTE: ") is left out of the diagnosis, as
+    signatures leave it out: the mistake's own failures still name it."""
+    lab = "lab04_decode_kernels"
+    entries = load_entries(lab)
+    name = "v6_ldmatrix_ignores_swizzle"
+    own = entries[name]["failing"]
+    later = lost_context_note(f"labs/{lab}/test_x.py::test_mixed_devices_raise_before_launch",
+                              f"labs/{lab}/test_x.py::{own[0]}")
+    assert not is_own_failure(later) and not is_own_failure(later.removeprefix("NOTE: "))
+    assert is_own_failure("AssertionError: wrong output at sequence 0")
+    records = [TestResult(nodeid=f"labs/{lab}/test_x.py::{t}", lab=lab, name=t, doc="", points=1,
+                          outcome="failed", message="AssertionError: wrong output") for t in own]
+    cascade = [TestResult(nodeid=f"labs/{lab}/test_x.py::test_{i}_after", lab=lab, name="t", doc="",
+                          points=1, outcome="failed", message=later.removeprefix("NOTE: "))
+               for i in range(3 * len(own))]
+    [line] = diagnosis_lines(records + cascade)
+    assert entries[name]["mistake"] in line, line
 
 
 @pytest.mark.parametrize("lab", [lab for lab in lab_names() if signatures_path(lab).is_file()])

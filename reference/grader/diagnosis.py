@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference.context_lost import is_own_failure
 from reference.paths import LABS_DIR, SOLUTIONS_DIR
 
 CLEAR_JACCARD = 0.8
@@ -134,12 +135,14 @@ def diagnosis_lines(records) -> list[str]:
 
     Args:
         records: the run's TestResult records (hidden tests are left out: signatures use the
-            public tests only).
+            public tests only; so are failures caused by an earlier test's lost CUDA context,
+            which signatures leave out too).
     """
     lines = []
     by_lab: dict[str, set[str]] = {}
     for r in records:
-        if r.failed and "/hidden/" not in r.nodeid and not r.nodeid.startswith("hidden/"):
+        if (r.failed and is_own_failure(r.message) and "/hidden/" not in r.nodeid
+                and not r.nodeid.startswith("hidden/")):
             by_lab.setdefault(r.lab, set()).add(r.func_name)
     for lab, failing in sorted(by_lab.items()):
         entries = load_entries(lab)

@@ -26,6 +26,7 @@ from pathlib import Path
 import json
 
 from reference.grader.contracts import check_lab_contract
+from reference.context_lost import is_own_failure
 from reference.grader.diagnosis import handout_section, signatures_path
 from reference.gpu import emulation_requested, gpu_available
 from reference.loader import MUTANT_DIR_ENV
@@ -54,10 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mutants (and the labs of the solution and starter runs) checked "
                              "in parallel")
     parser.add_argument("--only", nargs="+", metavar="MUTANT", default=None,
-                        help="with (c): check only these mutants (names), e.g. those a run cut "
-                             "short did not reach")
+                        help="with (c) or --signatures: only these mutants (names), e.g. those "
+                             "a run cut short did not reach")
     parser.add_argument("--isolated", action="store_true",
-                        help="run the implementations in the unprivileged worker, as grading does")
+                        help="run the implementations in the unprivileged worker, as grading does "
+                             "(also with --signatures)")
 
 
 def check_solution(labs: list[str] | None, isolated: bool = False, jobs: int = 1) -> list[str]:
@@ -193,16 +195,24 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
     return problems
 
 
-def _signature(mutant: Mutant) -> tuple[Mutant, list[str] | None, str | None]:
-    """Returns (mutant, sorted names of the public tests it fails, problem or None)."""
+def _signature(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, list[str] | None, str | None]:
+    """Returns (mutant, sorted names of the public tests it fails, problem or None).
+
+    Failures caused by an earlier test's lost CUDA context (:mod:`reference.context_lost`: in
+    one process, a faulting kernel fails every later test) are left out: they depend on the
+    order the tests ran in, not on the mistake. Run isolated, there are none (the worker exits
+    with its lost context) and every test shows what the mistake does to it.
+    """
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        if isolated:
+            os.chmod(tmp, 0o755)  # NOTE: the worker's user reads the mutant copy (no secret)
         try:
             folder = build_mutant(mutant, Path(tmp))
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                include_hidden=False, timeout_s=1800)
+                                include_hidden=False, timeout_s=1800, isolated=isolated)
         except (MutantSpecError, GradingRunError) as exc:
             return mutant, None, str(exc)
-    failing = sorted({r.func_name for r in run.records if r.failed})
+    failing = sorted({r.func_name for r in run.records if r.failed and is_own_failure(r.message)})
     # Only public tests ran: a caught_by test of the hidden set is checked by check (c) instead.
     ran = {r.func_name for r in run.records}
     escaped = [n for n in mutant.caught_by if n in ran and n not in failing]
@@ -210,13 +220,21 @@ def _signature(mutant: Mutant) -> tuple[Mutant, list[str] | None, str | None]:
     return mutant, failing, problem
 
 
-def compute_signatures(labs: list[str] | None, jobs: int, missing_only: bool = False) -> list[str]:
+def compute_signatures(labs: list[str] | None, jobs: int, missing_only: bool = False,
+                       only: list[str] | None = None, isolated: bool = False) -> list[str]:
     """Runs every runnable mutant against all its lab's public tests; writes signatures.json.
 
     Each lab's file is rewritten as every signature comes in, so a run cut short (a device time
     limit) keeps what it finished; ``missing_only`` then resumes with the rest. Entries of mutants
     this machine cannot run (GPU) are kept from the previous file; entries of mutants that no
     longer exist are dropped.
+
+    Args:
+        labs: lab folder names; None means every lab.
+        jobs: mutants run at once.
+        missing_only: only mutants without a stored signature.
+        only: only these mutants (names); the others keep their stored signatures.
+        isolated: run the mutant in the unprivileged worker, as grading does.
 
     Returns:
         Problems (a mutant that broke the run or passes the tests it claims to fail).
@@ -227,11 +245,13 @@ def compute_signatures(labs: list[str] | None, jobs: int, missing_only: bool = F
     stored = {lab: _stored_signatures(lab) for lab in sorted({m.lab for m in mutants})}
     if missing_only:
         runnable = [m for m in runnable if m.name not in stored[m.lab]]
+    if only:
+        runnable = [m for m in runnable if m.name in set(only)]
     print(f"signatures: running all tests against {len(runnable)} mutants "
           f"({len(mutants) - len(runnable)} kept from the stored file)")
     problems = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for mutant, failing, problem in pool.map(_signature, runnable):
+        for mutant, failing, problem in pool.map(lambda m: _signature(m, isolated), runnable):
             print(f"      {mutant.lab}/{mutant.name}: "
                   + (f"fails {len(failing)} tests" if failing is not None else "-")
                   + (f"  PROBLEM: {problem}" if problem else ""), flush=True)
@@ -285,7 +305,7 @@ def main(args: argparse.Namespace) -> int:
     labs = resolve_labs(args.labs) if args.labs else None
     problems: list[str] = []
     if args.signatures:
-        problems = compute_signatures(labs, args.jobs, args.missing)
+        problems = compute_signatures(labs, args.jobs, args.missing, args.only, args.isolated)
         for p in problems:
             print(f"  - {p}")
         return 1 if problems else 0
