@@ -108,12 +108,15 @@ def jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float
     return len(a & b) / len(union) if union else 0.0
 
 
-def diagnose(failing: set[str], entries: dict[str, dict]) -> Mistake | None:
+def diagnose(failing: set[str], entries: dict[str, dict],
+             unknown: frozenset[str] = frozenset()) -> Mistake | None:
     """Names the mistake a set of failing tests looks like, when the match is clear.
 
     Args:
         failing: function names of the failing tests of one lab.
         entries: that lab's signatures (:func:`load_entries`).
+        unknown: tests whose own outcome the run cannot tell (they failed only because an
+            earlier test lost the CUDA context); left out of every signature before comparing.
 
     Returns:
         The best-matching group when its Jaccard similarity is >= CLEAR_JACCARD and no other
@@ -121,7 +124,7 @@ def diagnose(failing: set[str], entries: dict[str, dict]) -> Mistake | None:
     """
     if not failing:
         return None
-    scored = sorted(((jaccard(set(failing), g.failing), g) for g in groups(entries)),
+    scored = sorted(((jaccard(set(failing), g.failing - unknown), g) for g in groups(entries)),
                     key=lambda pair: -pair[0])
     if not scored or scored[0][0] < CLEAR_JACCARD:
         return None
@@ -135,18 +138,21 @@ def diagnosis_lines(records) -> list[str]:
 
     Args:
         records: the run's TestResult records (hidden tests are left out: signatures use the
-            public tests only; so are failures caused by an earlier test's lost CUDA context,
-            which signatures leave out too).
+            public tests only). A failure caused by an earlier test's lost CUDA context (in one
+            process) tells nothing about its own test: that test is left out of the comparison,
+            on both sides (signatures come from isolated runs, where no context is shared).
     """
     lines = []
     by_lab: dict[str, set[str]] = {}
+    cascaded: dict[str, set[str]] = {}
     for r in records:
-        if (r.failed and is_own_failure(r.message) and "/hidden/" not in r.nodeid
-                and not r.nodeid.startswith("hidden/")):
-            by_lab.setdefault(r.lab, set()).add(r.func_name)
+        if r.failed and "/hidden/" not in r.nodeid and not r.nodeid.startswith("hidden/"):
+            own = is_own_failure(r.message)
+            (by_lab if own else cascaded).setdefault(r.lab, set()).add(r.func_name)
     for lab, failing in sorted(by_lab.items()):
         entries = load_entries(lab)
-        found = diagnose(failing, entries) if entries else None
+        unknown = frozenset(cascaded.get(lab, set()) - failing)
+        found = diagnose(failing, entries, unknown) if entries else None
         if found:
             see = f" — see handout §{found.see}" if found.see else ""
             lines.append(f"{lab}: your failures look like: {found.describe()}{see} "
