@@ -436,6 +436,39 @@ def test_shared_memory_over_the_limit_is_refused(tmp_path):
         rcuda.launch(k, (1,), (1,), (rcuda.ptr(torch.zeros(1)),), shared_mem=1 << 20)
 
 
+def test_a_write_past_the_launchs_shared_memory_is_a_fault(tmp_path):
+    """A kernel that stores more than the launch's dynamic shared memory (shared_mem too small
+    for what it stores: on a GPU an out-of-range shared address) fails with KernelFaultError
+    naming the byte, the block and shared_mem; the same kernel with enough is fine, and so is a
+    kernel whose static __shared__ array follows the dynamic part."""
+    k = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          extern __shared__ float s[];
+          s[threadIdx.x] = threadIdx.x;  // blockDim.x floats
+          __syncthreads();
+          out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+        }""")
+    out = torch.zeros(256)
+    rcuda.launch(k, (2,), (256,), (rcuda.ptr(out),), shared_mem=256 * 4)
+    assert out[0] == 255
+    with pytest.raises(KernelFaultError) as err:
+        rcuda.launch(k, (2,), (256,), (rcuda.ptr(out),), shared_mem=128 * 4)
+    msg = str(err.value)
+    assert "byte 512" in msg and "block (0,0,0)" in msg and "shared_mem=512" in msg, msg
+    both = kernel(tmp_path, """
+        extern "C" __global__ void k(float* out) {
+          extern __shared__ float s[];
+          __shared__ float t[64];
+          s[threadIdx.x] = 1.0f;
+          t[threadIdx.x] = 2.0f;
+          __syncthreads();
+          out[threadIdx.x] = s[threadIdx.x] + t[63 - threadIdx.x];
+        }""")
+    out = torch.zeros(64)
+    rcuda.launch(both, (3,), (64,), (rcuda.ptr(out),), shared_mem=64 * 4)
+    assert bool((out == 3).all())
+
+
 # ----------------------------------------------------------------------------- Lab 4 kernels
 
 LAB4 = "lab04_decode_kernels"

@@ -127,8 +127,10 @@ def check_prefill_inputs(query, key_cache, value_cache, block_tables, cu_seqlens
     #     at least one block (naming key_cache) and one column (naming block_tables);
     #   * head_size, block_size and the kernel's dtypes supported (UnsupportedConfigError) —
     #     only here: a float32 query for "tc" passes the checks above;
-    #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32)); alibi_slopes None or [Hq] float32 with every slope finite (NaN/inf -> ValueError); out None
-    #     or like query;
+    #   * scale a finite float > 0 as float32 (check_scale(scale, dtype=np.float32));
+    #     alibi_slopes None or [Hq] float32 (check_array, like the arrays above), every slope
+    #     finite (NaN/inf -> ValueError; read it through as_torch: it may be a CuPy array);
+    #     out None or like query;
     #   * query, caches and out start on a 16-byte boundary (data_ptr).
     # Read no values but the Hq ALiBi slopes, and do not look at the device: that comes later,
     # so all of this is testable with CPU tensors.

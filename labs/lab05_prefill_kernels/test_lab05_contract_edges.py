@@ -58,6 +58,19 @@ def test_alibi_slopes_must_be_float32(impl, dtype):
 
 
 @pytest.mark.points(1)
+@pytest.mark.parametrize("mistake", ["one per KV head", "not contiguous", "a list"])
+def test_alibi_slopes_are_checked_like_every_array(impl, mistake):
+    """alibi_slopes goes through check_array like every other argument, with shape
+    [num_q_heads]: one slope per KV head, a strided view or a Python list is refused (ValueError,
+    ValueError, TypeError), naming alibi_slopes."""
+    slopes, error = {"one per KV head": (torch.ones(2), ValueError),
+                     "not contiguous": (torch.ones(16)[::2], ValueError),
+                     "a list": ([0.5] * 8, TypeError)}[mistake]
+    _check(impl, {"alibi_slopes": slopes}, error, "alibi_slopes", f"alibi_slopes {mistake}",
+           alibi=True)
+
+
+@pytest.mark.points(1)
 @pytest.mark.parametrize("mistake", ["same size, other shape", "not contiguous", "a list"])
 def test_out_is_checked_in_full(impl, mistake):
     """out is a torch tensor or CuPy array of query's exact shape (not merely as many elements),
@@ -138,14 +151,32 @@ def test_block_sizes_outside_8_to_128_are_unsupported(impl, block_size):
 
 @pytest.mark.points(1)
 def test_checks_run_in_the_order_of_the_todo(impl):
-    """Checks run in the TODO's order: a float32 query with float16 caches is a dtype mismatch
-    (TypeError naming key_cache) before it is a dtype the tensor-core kernel lacks; an
-    unsupported head size (UnsupportedConfigError) comes before a bad scale."""
+    """Checks run in the TODO's order: the kernel name before any array (kernel='fast' with a
+    list for query: ValueError naming kernel); a float32 query with float16 caches is a dtype
+    mismatch (TypeError naming key_cache) before it is a dtype the tensor-core kernel lacks;
+    head sizes that disagree (ValueError naming head_size) before an unsupported one; an
+    unsupported head size (UnsupportedConfigError) before a bad scale; the scale before the
+    ALiBi slopes."""
     b = cpu_batch()
     _check(impl, {"query": b["query"].float()}, TypeError, "key_cache",
            "tc: a float32 query with float16 caches", kernel="tc")
     _check(impl, {"scale": "x"}, UnsupportedConfigError, "head_size",
            "head_size=96 and scale='x'", head_size=96)
+    _check(impl, {"query": b["query"].tolist()}, ValueError, "kernel",
+           "kernel='fast' and a list for query", kernel="fast")
+    _check(impl, {"scale": 0.0, "alibi_slopes": torch.ones(8, dtype=torch.float16)}, ValueError,
+           "scale", "scale=0.0 and float16 alibi_slopes")
+    q32 = b["query"][..., :32].clone()  # head size 32 beside caches of 64
+    try:
+        impl.check_prefill_inputs(**{**b, "query": q32}, kernel="tiled")
+    except UnsupportedConfigError as exc:
+        pytest.fail(f"a query of head size 32 beside caches of 64 raised {exc!r}: that the head "
+                    "sizes agree is checked before whether the size is supported (ValueError "
+                    "naming head_size, not UnsupportedConfigError)")
+    except ValueError as exc:
+        assert "head_size" in str(exc), f"the disagreement's message must say head_size: {exc}"
+    else:
+        pytest.fail("check_prefill_inputs accepted a query of head size 32 beside caches of 64")
 
 
 @pytest.mark.points(1)
@@ -172,6 +203,18 @@ def test_plan_names_the_first_mistake_when_there_are_several(impl, cu, ctx, mess
     bad sequence — not the largest drop or the largest shortfall."""
     assert_plan_error_says(impl, cu, ctx, message, "check in the TODO's order; the first bad "
                            "index is np.argmax of the condition")
+
+
+@pytest.mark.points(1)
+def test_a_context_shorter_than_the_query_is_refused_without_causal_too(impl):
+    """context_lens >= the query length holds whatever the masking: with causal=False a context
+    of 3 keys for 5 query tokens still raises ValueError naming context_lens[0]."""
+    with pytest.raises(ValueError) as info:
+        impl.plan_query_tiles(np.asarray([0, 5], np.int32), np.asarray([3], np.int32),
+                              causal=False)
+    assert "context_lens[0]" in str(info.value), (
+        f"said {str(info.value)!r}; it should name context_lens[0] (the check does not depend "
+        "on causal)")
 
 
 @pytest.mark.points(1)
@@ -220,13 +263,15 @@ PLAN_INPUTS = ("query", "key_cache", "value_cache", "block_tables", "cu_seqlens_
 @pytest.mark.parametrize("kernel", ["tiled", "tc"])
 def test_plan_prefill_replays_the_one_call(impl, kernel):
     """plan_prefill works on your launcher (it launches through launch(...) with ptr(<the
-    input>), no copies) and its run gives the one-call output bit for bit, into a NaN out=, on
-    a batch with other values at other addresses."""
-    a = make_batch(83, [40, 3, 70], [9, 30, 0], 8, 2, 64, 16, kernel=kernel)
+    input>), no copies, ALiBi slopes included) and its run gives the one-call output bit for
+    bit, into a NaN out=, on a batch with other values (and slopes) at other addresses."""
+    a = make_batch(83, [40, 3, 70], [9, 30, 0], 8, 2, 64, 16, kernel=kernel, alibi=True)
     b = {**a, "query": a["query"] * 0.5, "key_cache": -a["key_cache"],
-         "value_cache": a["value_cache"] * 2}
-    plan = impl.plan_prefill(*(a[n] for n in PLAN_INPUTS), a["scale"], kernel=kernel)
-    got = plan.run(*(b[n] for n in PLAN_INPUTS), out=torch.full_like(b["query"], float("nan")))
+         "value_cache": a["value_cache"] * 2, "alibi_slopes": a["alibi_slopes"] * 0.5}
+    plan = impl.plan_prefill(*(a[n] for n in PLAN_INPUTS), a["scale"], kernel=kernel,
+                             alibi_slopes=a["alibi_slopes"])
+    got = plan.run(*(b[n] for n in PLAN_INPUTS), out=torch.full_like(b["query"], float("nan")),
+                   alibi_slopes=b["alibi_slopes"])
     want = launcher(impl, kernel)(**b)
     synchronize()
     diff = int((got != want).sum())

@@ -15,6 +15,7 @@ import pytest
 
 from labs.lab05_prefill_kernels._cases import (KERNELS, check_close, launcher, make_batch,
                                                oracle, poison_allocator)
+from labs.lab05_prefill_kernels._launch import TcTiling
 from reference.emulate import TORCH_STREAM, emulating, recorded_streams
 from reference.gpu import array_module, kernel_skip_reason, run_behind_busy_stream, synchronize
 from reference.sanitizer import find_compute_sanitizer, racecheck_summary, run_racecheck
@@ -91,6 +92,18 @@ def test_gqa_group_reads_its_kv_head(impl, kernel, group):
              num_kv_heads, 64, 16, what=f"group {group}")
 
 
+@pytest.mark.points(2)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tc_runs_with_another_cta_shape(impl, dtype):
+    """paged_prefill_tc honours tc_tiling: with TcTiling(8, 16) (8 warps of 16 rows, the other
+    shape prefill_tc.cu compiles) every element matches the oracle, so the launch's block is
+    32 * tc_tiling.warps threads and its kernel, plan and shared memory are that shape's."""
+    batch = make_batch(43, [45, 160, 3], [70, 0, 33], 8, 2, 64, 16, dtype=dtype, kernel="tc")
+    out = impl.paged_prefill_tc(**batch, tc_tiling=TcTiling(8, 16))
+    check_close(out, oracle(batch), batch, dtype=dtype,
+                what="tc kernel with tc_tiling=TcTiling(8, 16) (block 32 * tc_tiling.warps threads?)")
+
+
 @pytest.mark.points(3)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_alibi_bias_matches_oracle(impl, kernel):
@@ -156,11 +169,12 @@ def test_output_is_deterministic_across_runs(impl, kernel):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_cupy_inputs_give_cupy_output(impl, kernel):
-    """CuPy arrays work as well as torch tensors, and the output comes back as a CuPy array.
-    Emulated, NumPy arrays stand in for CuPy arrays (``reference.gpu.array_module``): the same
-    contract, met through the given ``as_torch`` and ``like_input``."""
+    """CuPy arrays work as well as torch tensors, the ALiBi slopes too, and the output comes back
+    as a CuPy array. Emulated, NumPy arrays stand in for CuPy arrays
+    (``reference.gpu.array_module``): the same contract, met through the given ``as_torch`` and
+    ``like_input`` (a torch method called on the caller's array fails there)."""
     xp = array_module()
-    batch = make_batch(59, [20, 70], [5, 0], 8, 2, 64, 16)
+    batch = make_batch(59, [20, 70], [5, 0], 8, 2, 64, 16, alibi=True)
     as_xp = {k: (xp.from_dlpack(v) if hasattr(v, "data_ptr") else v) for k, v in batch.items()}
     out = launcher(impl, kernel)(**as_xp)
     synchronize()

@@ -90,11 +90,14 @@ def test_rejects_context_shorter_than_the_query(impl, kernel):
     ("head_size", dict(head_size=96), "head_size"),
     ("head_size", dict(head_size=32), "head_size"),
     ("head_size", dict(head_size=512), "head_size"),
+    ("head_size", dict(head_size=192), "head_size"),
+    ("head_size", dict(head_size=256), "head_size"),
     ("block_size", dict(block_size=12), "block_size"),
 ])
 def test_rejects_unsupported_sizes(impl, kernel, what, kw, name):
     """Sizes the kernels have no code for raise UnsupportedConfigError (a ValueError) naming
-    the size: head_size in (64, 128), block_size a power of two in 8..128."""
+    the size: head_size in (64, 128) exactly (not every multiple of 64: 192 and 256 too are
+    refused), block_size a power of two in 8..128."""
     batch = cpu_batch(**kw)
     with pytest.raises(UnsupportedConfigError, match=name):
         launcher(impl, kernel)(**batch)

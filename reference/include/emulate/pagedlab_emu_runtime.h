@@ -141,6 +141,7 @@ struct Launch {
   int n_runnable = 0, n_barrier = 0, n_warp = 0, n_done = 0;
   unsigned char* arena = nullptr;  // shared memory: dynamic part first, then static arrays
   size_t arena_cap = 0, dyn_bytes = 0, arena_used = 0, poisoned = 0;
+  size_t guard_end = 0;  // canary bytes [arena_used, guard_end) this block (see run_block)
   std::vector<std::pair<long long, size_t>> static_slots;  // (id << 32 | size) -> offset
   std::vector<const char*> slot_names;  // the __shared__ array of each static slot
   std::vector<Region> regions;
@@ -536,7 +537,7 @@ void* static_shared(int id, size_t size, size_t align, const char* name) {
   }
   l.static_slots.push_back({key, off});
   l.slot_names.push_back(name);
-  l.arena_used = off + size;
+  l.arena_used = off + size;  // NOTE: the canary now starts past this slot (check_shared_guard)
   if (l.arena_used > l.poisoned) {
     std::memset(l.arena + l.poisoned, 0xff, l.arena_used - l.poisoned);
     l.poisoned = l.arena_used;
@@ -1637,9 +1638,33 @@ inline void free_regions(Launch& l) {
 constexpr size_t STACK_BYTES = size_t(256) << 10;
 constexpr size_t SHARED_CAP = size_t(228) << 10;  // H100 / H200: 227 KiB per block + slack
 
+// Canary bytes just past the shared memory a block has: a GPU faults on a shared access past
+// the launch's size ("out of range shared or local address"); the arena here is larger, so a
+// write there is found by checking the canary after the block (reads past it are not found).
+constexpr size_t SHARED_GUARD_BYTES = size_t(16) << 10;
+constexpr unsigned char SHARED_CANARY = 0xa5;
+
+inline void check_shared_guard(Launch& l) {
+  for (size_t i = l.arena_used; i < l.guard_end; ++i) {
+    if (l.arena[i] == SHARED_CANARY) continue;
+    const size_t static_bytes = l.arena_used - (l.dyn_bytes + 127) / 128 * 128;
+    fail(std::string("kernel ") + l.kernel + ", block (" + std::to_string(l.bid.x) + "," +
+         std::to_string(l.bid.y) + "," + std::to_string(l.bid.z) + "): wrote shared memory " +
+         "byte " + std::to_string(i) + ", past the block's " + std::to_string(l.arena_used) +
+         " bytes (the launch's dynamic shared memory, shared_mem=" +
+         std::to_string(l.dyn_bytes) + ", rounded up to 128" +
+         (static_bytes ? ", then " + std::to_string(static_bytes) + " bytes of __shared__ arrays"
+                       : std::string()) +
+         "): on a GPU an out-of-range shared address; is shared_mem too small for what the " +
+         "kernel stores?");
+  }
+}
+
 inline void run_block(Launch& l) {
   // Fresh shared memory for every block: poison what the kernel used so far.
   if (l.poisoned) std::memset(l.arena, 0xff, l.poisoned);
+  l.guard_end = std::min(l.arena_cap, l.arena_used + SHARED_GUARD_BYTES);
+  std::memset(l.arena + l.arena_used, SHARED_CANARY, l.guard_end - l.arena_used);
   ++race().epoch;  // another block's shared memory: nothing before is related
   for (Warp& w : l.warps) w.arrived = 0;
   l.n_runnable = l.num_threads;
@@ -1672,6 +1697,7 @@ inline void run_block(Launch& l) {
     if (l.n_runnable == 0 && l.n_done < l.num_threads) resolve_block(l);
   }
   if (!l.tma.empty()) land_all_tma(l);  // copies no thread waited for still land
+  check_shared_guard(l);
 }
 
 }  // namespace pagedlab_emu
