@@ -39,6 +39,17 @@ def test_v0_matches_oracle(impl, num_q_heads, num_kv_heads, lens):
 
 
 @pytest.mark.points(1)
+@pytest.mark.parametrize("head_size", [64, 256])
+def test_v0_every_head_size(impl, head_size):
+    """v0 at head sizes 64 and 256: with 128 threads, a thread stages and computes every
+    element it strides over (at 256, two each), not just one."""
+    case = GpuCase(221 + head_size, [50, 7, 130], 4, 2, head_size, 16)
+    assert_matches(run_v0(impl, case), case.ref, case.host_lens, case.dtype,
+                   f"v0 at head_size={head_size} — likely cause: one element per thread where "
+                   "the loop must stride by the thread count")
+
+
+@pytest.mark.points(1)
 def test_v0_writes_exact_zeros_for_empty_sequences(impl):
     """A sequence with context_len 0 still gets its output written: exactly 0, not left as
     whatever the buffer held (the buffer here holds NaN)."""

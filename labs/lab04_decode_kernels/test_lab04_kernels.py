@@ -150,6 +150,68 @@ def test_split_k_partitions_merge_exactly(impl, version):
                    case.dtype, f"{version} with its own plan")
 
 
+def _scores_far_below_zero(case: GpuCase) -> GpuCase:
+    """The case with every score near -181: query -16 everywhere, keys 1 + 0.05 * noise (the
+    NaN poison past each sequence kept), the oracle recomputed on the rounded values."""
+    import torch
+
+    from reference.oracle import paged_decode_ref
+
+    case.query = torch.full_like(case.query, -16.0)
+    case.key_cache = 1.0 + 0.05 * case.key_cache  # NaN stays NaN
+    case.ref, case.lse = paged_decode_ref(
+        case.query.float().cpu().numpy(), case.key_cache.float().cpu().numpy(),
+        case.value_cache.float().cpu().numpy(), case.host_tables, case.host_lens, case.scale)
+    return case
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_scores_far_below_zero(impl, version):
+    """Every score near -181 (a softmax is shift-invariant: the output is the same as for scores
+    near 0): the running max starts at -inf, not 0, or exp(score - 0) underflows to 0 for every
+    key and the output comes out 0."""
+    case = _scores_far_below_zero(GpuCase(301, [40, 100, 1, 17], 8, 2, 128, 16))
+    assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
+                   f"{version}, scores near -181 — likely cause: the running max starts at 0")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_context_that_fills_its_table_row(impl, version):
+    """Block tables exactly as wide as the longest sequence needs, and that sequence (the last)
+    ends on a block boundary: nothing reads a block id past the end of its row."""
+    case = GpuCase(311, [20, 32], 8, 2, 128, 16, max_blocks_per_seq=2)
+    assert_matches(run(impl, version, case), case.ref, case.host_lens, case.dtype,
+                   f"{version}, a 32-token context in a table row of 2 blocks of 16 — likely "
+                   "cause: one block id too many staged when a partition ends on a block boundary")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("version, tuning, lens, head_size, block_size, plan", [
+    ("v4", {"VECS_PER_LANE": 3}, [270, 300], 64, 16, (2, 256)),
+    ("v4", {"NUM_WARPS": 2}, [1000, 700], 128, 8, (1, 1024)),
+    ("v4", {"NUM_WARPS": 8}, [100, 37, 300], 128, 16, None),
+    ("v6", {"NUM_STAGES": 2}, [100, 37, 300], 128, 16, None),
+    ("v6", {}, [3000, 2100], 128, 16, (1, 4096)),
+    ("v3", {}, [3000, 2100], 128, 16, (1, 4096)),
+], ids=["v4-3-vecs-per-lane-split", "v4-2-warps-128-blocks", "v4-8-warps", "v6-2-stages",
+        "v6-256-block-partition", "v3-256-block-partition"])
+def test_tuned_variants_and_long_partitions(impl, version, tuning, lens, head_size, block_size,
+                                            plan):
+    """The kernels are right for every tuning they compile (``tuning=``: vectors per lane that
+    do not divide a partition, 2 or 8 warps, 2 stages) and for partitions of more blocks than
+    the CTA has threads (a forced plan of 4096 tokens: 256 blocks of 16; v6's own plans go up
+    to 4096 on a large GPU): block ids are staged in a loop, tiles are masked at the partition's
+    end, the waits and buffers follow the tuning."""
+    case = GpuCase(321, lens, 8, 2, head_size, block_size)
+    kwargs = {"tuning": tuning} if tuning else {}
+    if plan is not None:
+        kwargs.update(plan=impl.SplitKVPlan(*plan), max_context_len=max(lens))
+    assert_matches(run(impl, version, case, **kwargs), case.ref, case.host_lens, case.dtype,
+                   f"{version} with tuning={tuning}, plan={plan}")
+
+
 @pytest.mark.points(2)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_runs_on_the_current_torch_stream(impl, version):
