@@ -22,3 +22,23 @@ def test_stale_mutant_is_reported(tmp_path):
                    edits=[Edit("solution.py", "this text is not in the solution", "")])
     with pytest.raises(MutantSpecError, match="occurs 0 times"):
         build_mutant(stale, tmp_path)
+
+
+def test_a_gpu_escape_is_checked_only_emulated(monkeypatch, capsys):
+    """A mutant with gpu_escape (no test can see it on real hardware: a read one element past an
+    array that changes nothing) is left out on a real GPU, with its reason printed, and is run
+    where kernels are emulated."""
+    from reference.grader import strength
+
+    lab, name = "lab04_decode_kernels", "v4_stage_one_block_too_many"
+    assert next(m for m in load_mutants(lab) if m.name == name).gpu_escape
+    ran = []
+    monkeypatch.setattr(strength, "_check_one", lambda m, isolated=False: (ran.append(m.name), (m, None))[1])
+    monkeypatch.setattr(strength, "gpu_available", lambda: True)
+    monkeypatch.setattr(strength, "emulation_requested", lambda: False)
+    assert strength.check_mutants([lab], jobs=1, only=[name]) == []
+    assert ran == [] and f"{name}: caught only emulated (on a GPU: " in capsys.readouterr().out
+    monkeypatch.setattr(strength, "gpu_available", lambda: False)
+    monkeypatch.setattr(strength, "emulation_requested", lambda: True)
+    assert strength.check_mutants([lab], jobs=1, only=[name]) == []
+    assert ran == [name]

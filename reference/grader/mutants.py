@@ -8,6 +8,9 @@ A mutant lives in ``solutions/<lab>/mutants/<mistake_name>.toml``::
     caught_emulated_by = [...]    # optional: under PAGEDLAB_DEVICE=emulate, where caught_by's
                                   # tests are GPU-only (racecheck), these catch it instead
     needs_real_race = false       # optional: only a real race shows it (racecheck on a GPU)
+    gpu_escape = "..."            # optional: why no test can see it on a real GPU (a read one
+                                  # element past an array that changes nothing): checked only
+                                  # emulated, where every access is bounds-checked
 
     [[edit]]                      # one or more exact text replacements
     file = "solution.py"          # relative to solutions/<lab>/
@@ -53,6 +56,7 @@ class Mutant:
     edits: list[Edit] = field(default_factory=list)
     caught_emulated_by: list[str] = field(default_factory=list)
     needs_real_race: bool = False
+    gpu_escape: str = ""
     path: Path | None = None
 
 
@@ -80,6 +84,7 @@ def load_mutants(lab: str | None = None) -> list[Mutant]:
                 requires_gpu=bool(data.get("requires_gpu", False)),
                 edits=edits,
                 caught_emulated_by=list(data.get("caught_emulated_by", [])),
+                gpu_escape=str(data.get("gpu_escape", "")),
                 needs_real_race=bool(data.get("needs_real_race", False)),
                 path=path,
             )

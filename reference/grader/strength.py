@@ -154,8 +154,10 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
     # Under PAGEDLAB_DEVICE=emulate the GPU mutants run on the emulated device too; those whose
     # tests are GPU-only there (a real race that only racecheck sees) stay for a GPU machine.
     have_gpu = gpu_available() or emulation_requested()
-    runnable = [m for m in mutants if have_gpu or not m.requires_gpu]
-    waiting = [m for m in mutants if m not in runnable]
+    on_real_gpu = gpu_available() and not emulation_requested()
+    runnable = [m for m in mutants if (have_gpu or not m.requires_gpu)
+                and not (on_real_gpu and m.gpu_escape)]
+    waiting = [m for m in mutants if not (have_gpu or not m.requires_gpu)]
     problems = []
     for m in mutants:
         handout = (LABS_DIR / m.lab / "README.md")
@@ -165,6 +167,9 @@ def check_mutants(labs: list[str] | None, jobs: int, isolated: bool = False,
                 problems.append(f"handout {m.lab}/README.md does not mention `{needle}` "
                                 f"(mutant {m.name})")
     print(f"(c) mutants: checking {len(runnable)} ({len(waiting)} need a GPU, not checked here)")
+    for m in mutants:
+        if on_real_gpu and m.gpu_escape:
+            print(f"      {m.lab}/{m.name}: caught only emulated (on a GPU: {m.gpu_escape})")
     # NOTE: heaviest first, reported as each finishes. The GPU mutants compile their kernels
     # from scratch in each run (an isolated worker has a fresh HOME, so no CuPy cache): started
     # last, in order, they were the ones a time limit cut off, and printing in order hid which
@@ -241,7 +246,8 @@ def compute_signatures(labs: list[str] | None, jobs: int, missing_only: bool = F
     """
     mutants = [m for lab in (labs or [None]) for m in load_mutants(lab)]
     have_gpu = gpu_available()
-    runnable = [m for m in mutants if have_gpu or not m.requires_gpu]
+    # NOTE: a mutant no test can see on a real GPU (gpu_escape) would get an empty signature.
+    runnable = [m for m in mutants if (have_gpu or not m.requires_gpu) and not m.gpu_escape]
     stored = {lab: _stored_signatures(lab) for lab in sorted({m.lab for m in mutants})}
     if missing_only:
         runnable = [m for m in runnable if m.name not in stored[m.lab]]
