@@ -83,13 +83,38 @@ def test_chunked_prefill_with_history(impl, kernel, block_size):
 
 @pytest.mark.points(4)
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
 def test_gqa_group_reads_its_kv_head(impl, kernel, group):
     """With num_q_heads = group * num_kv_heads, query head h reads KV head h // group: every
-    head of every group matches the oracle (a wrong mapping shows up as a bad head)."""
+    head of every group matches the oracle (a wrong mapping shows up as a bad head). A group of
+    3 does not divide a tile's rows: a tile can start in the middle of a token's heads."""
     num_kv_heads = 2
     run_case(impl, kernel, 31 + group, [45, 160, 3], [70, 0, 33], group * num_kv_heads,
              num_kv_heads, 64, 16, what=f"group {group}")
+
+
+def scores_far_from_zero(batch: dict, sign: int) -> dict:
+    """The batch with every score near sign * 128 (head size 64): query sign * 16 everywhere,
+    keys 1 + 0.05 * noise (the NaN poison kept)."""
+    import torch
+
+    return {**batch, "query": torch.full_like(batch["query"], 16.0 * sign),
+            "key_cache": 1.0 + 0.05 * batch["key_cache"]}
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("sign", [-1, 1], ids=["below", "above"])
+def test_scores_far_from_zero(impl, kernel, sign):
+    """Every score near -128, or near +128: a softmax is shift-invariant, so the output is the
+    oracle's either way. The running max starts at -inf and is the scores' (not 0): else every
+    exp underflows to 0 (far below) or overflows to inf (far above), and the output is 0 or NaN."""
+    batch = scores_far_from_zero(make_batch(47, [5, 70, 1], [0, 30, 9], 8, 2, 64, 16,
+                                            kernel=kernel), sign)
+    out = launcher(impl, kernel)(**batch)
+    check_close(out, oracle(batch), batch, dtype="float16",
+                what=f"{kernel} kernel, every score near {128 * sign} — likely cause: a running "
+                     "max that starts at 0 (or no max at all)")
 
 
 @pytest.mark.points(2)
