@@ -700,6 +700,22 @@ RACE_KERNELS = """
       out[threadIdx.x] = s[4 * (63 - threadIdx.x)];
       if (early) cp_async_wait_all();
     }
+    // A ring slot refilled by cp.async after the warp read it: each lane reads its neighbour's
+    // 16 bytes, then refills its own. Ordered by the __syncwarp between (v6's ring), racy
+    // without it; the cp.async is issued after the read, so no read of it is in flight.
+    extern "C" __global__ void refill(const float* in, float* out, int sync) {
+      __shared__ __align__(16) float s[32 * 4];
+      const int lane = threadIdx.x;
+      s[4 * lane] = lane;
+      __syncwarp();
+      const float v = s[4 * ((lane + 1) % 32)];
+      if (sync) __syncwarp();
+      cp_async_16(__cvta_generic_to_shared(&s[4 * lane]), in + 4 * lane, 16);
+      cp_async_commit();
+      cp_async_wait_all();
+      __syncwarp();
+      out[lane] = v + s[4 * ((lane + 1) % 32)];
+    }
     // Atomics never race.
     extern "C" __global__ void atomics(int* out) {
       __shared__ int n;
@@ -775,6 +791,19 @@ def test_racecheck_sees_a_read_before_the_cp_async_wait(tmp_path):
     out = torch.zeros(64)
     report = _race(tmp_path, "async_copy", rcuda.ptr(src), rcuda.ptr(out), np.int32(1))
     assert "WAR" in [h.kind for h in report.hazards]
+
+
+def test_racecheck_a_cp_async_refill_after_a_syncwarp(tmp_path):
+    """A cp.async that refills what lanes of its own warp read before a __syncwarp is ordered
+    after those reads (v6's ring refills the slot the warp just used this way): no hazard.
+    Without the __syncwarp, the neighbour's read may overlap the copy: a WAR hazard."""
+    src = torch.arange(128, dtype=torch.float32)
+    out = torch.zeros(32)
+    ordered = _race(tmp_path, "refill", rcuda.ptr(src), rcuda.ptr(out), np.int32(1), block=32)
+    assert ordered.hazards == [], ordered.summary()
+    assert out.tolist() == [float((t + 1) % 32 + 4 * ((t + 1) % 32)) for t in range(32)]
+    racy = _race(tmp_path, "refill", rcuda.ptr(src), rcuda.ptr(out), np.int32(0), block=32)
+    assert "WAR" in [h.kind for h in racy.hazards], racy.summary()
 
 
 def test_racecheck_env_raises_at_the_first_racy_launch(tmp_path, monkeypatch):

@@ -135,6 +135,10 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi, const __nv_bfloat1
 // s_acc[(w * HEADS + h) * HEAD_SIZE ...] (all in shared memory, behind a __syncthreads()).
 // Unsplit (num_partitions == 1) the output and the log-sum-exp are final; split, the
 // partition's (m, l, acc) go to decode_reduce.cu. Each thread finishes 4 consecutive elements.
+// NOTE: it reads s_acc as float4, so s_acc must start on a 16-byte boundary: declare it
+// `__shared__ __align__(16)` (a float array is only 4-byte aligned on the GPU, which faults
+// with "misaligned address"; the emulator aligns every shared array to 16 bytes and cannot
+// show this).
 // `sh0` is the flat (sequence, head) index of the CTA's first head: seq * num_q_heads + head0.
 template <int NUM_WARPS_, int HEADS, int THREADS>
 __device__ __forceinline__ void merge_warps_and_store(

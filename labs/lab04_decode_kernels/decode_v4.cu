@@ -57,6 +57,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v4(
   //     (max over the tile's rows: local, then shuffles over the row groups), then acc += p * v.
   //  3. Sum l and acc over the row groups, __syncthreads() before s_buf is reused, leave each
   //     warp's (m, l, acc) in s_m, s_l, s_buf, __syncthreads(), then merge_warps_and_store
-  //     (decode_common.cuh: v3's merge, 4 elements per thread) writes the output or the
-  //     partial state.
+  //     (decode_common.cuh: v3's merge, 4 elements per thread, read as float4: declare s_buf
+  //     `__shared__ __align__(16)`) writes the output or the partial state.
 }

@@ -78,5 +78,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_decode_v5(
   //  V rows t0 + {2t, 2t+1, 2t+8, 2t+9} (columns 64h + 8g); S = Q K^T with mma_16816 (two n8
   //  tiles of tokens); scale, mask past `end`, online softmax for head g (max over the 4 lanes of
   //  the group: xor 1, 2); pack P with pack2 (it is already the A fragment); O += P V with the
-  //  B fragments made by __byte_perm of two V rows' words. Then merge the warps as v4 does.
+  //  B fragments made by __byte_perm of two V rows' words: n8 tile (h, e), for e < 8, pairs
+  //  element e of the V vectors, so its B column g is output column 64h + 8g + e, and lane
+  //  (g, t)'s two accumulators (C columns 2t, 2t+1) are head g's columns 64h + 16t + e and
+  //  64h + 16t + e + 8. Then merge the warps as v4 does (s_acc `__shared__ __align__(16)`:
+  //  merge_warps_and_store reads it as float4).
 }

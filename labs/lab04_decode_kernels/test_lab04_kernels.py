@@ -395,9 +395,10 @@ RACECHECK_SCRIPT = textwrap.dedent("""
 @pytest.mark.points(2)
 def test_no_shared_memory_race_under_racecheck(impl):
     """compute-sanitizer's racecheck reports no shared-memory hazard in any kernel, v6 with its
-    shortest ring (NUM_STAGES=2) too (a missing __syncthreads() or a cp.async wait that leaves
-    the tile being read in flight rarely shows in the numbers; racecheck sees every unordered
-    access pair).
+    shortest ring (NUM_STAGES=2) too and over contexts long enough that every ring slot is
+    refilled (a missing __syncthreads() or __syncwarp(), or a cp.async wait that leaves the tile
+    being read in flight, rarely shows in the numbers; racecheck sees every unordered access
+    pair).
     Emulated, the emulator's racecheck proves the same on the same launches, and its verdict
     does not depend on timing; the kernels run in order, and a hazard in the finished ones is
     reported before the TODO of the first unfinished one."""
@@ -419,7 +420,13 @@ def test_no_shared_memory_race_under_racecheck(impl):
                     todo = exc
                     break
             else:
-                impl.KERNELS["v6"](*case.args(), case.scale, tuning={"NUM_STAGES": 2})
+                # NOTE: v6's ring slots are refilled only once a warp has more tiles than
+                # stages: 300 tokens in one partition give each of the 4 warps 4-5 tiles, so
+                # every slot is read, refilled by cp.async and read again.
+                ring = GpuCase(132, [300, 17], 8, 2, 64, 16)
+                for stages in (2, 3):
+                    impl.KERNELS["v6"](*ring.args(), ring.scale, plan=impl.SplitKVPlan(1, 512),
+                                       max_context_len=512, tuning={"NUM_STAGES": stages})
         if report.hazards:
             pytest.fail(
                 f"{report.summary()}\na hazard means two threads touch the same shared memory with no "
@@ -448,8 +455,8 @@ def test_no_shared_memory_race_under_racecheck(impl):
 @pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(8, 8, 128), (8, 2, 128),
                                                                   (8, 2, 256)])
 def test_production_entry_point(impl, num_q_heads, num_kv_heads, head_size):
-    """paged_attention (its choice of kernel: v6 for head sizes 64 and 128, v4 for 256) matches
-    the oracle, output and log-sum-exp."""
+    """paged_attention (its choice of kernel: v6 from a GQA group of V6_MIN_GROUP with head size
+    64 or 128, v4 otherwise: MHA, head size 256) matches the oracle, output and log-sum-exp."""
     import torch
 
     case = GpuCase(141 + head_size, [1, 77, 0, 300], num_q_heads, num_kv_heads, head_size, 16)

@@ -33,6 +33,7 @@ struct PendingCopy {
   int src_bytes;
   int group;  // index of the commit group this copy belongs to
   unsigned epoch;  // racecheck: the barrier epoch it was issued in (in flight from then on)
+  unsigned sync;  // racecheck: the issuing warp's __syncwarp count at the issue
   const void* pc;  // racecheck: where it was issued
 };
 
@@ -644,18 +645,29 @@ inline void race_hook(const void* addr, size_t n, bool write, const void* pc) {
   race_access(static_cast<const unsigned char*>(addr), n, write, pc, L().warps[f->warp].sync);
 }
 
+// Whether an access of thread `tid` recorded in (epoch, sync) may overlap cp.async copy `c`,
+// in flight from its issue to its landing: another thread, and not ordered before the issue.
+// An access of an earlier block epoch is ordered before it by that __syncthreads. NOTE: one of
+// the issuing warp's lanes is also ordered before it by a __syncwarp between the two (its sync
+// count is then below the issue's), which is how v6 refills the ring slot its lanes just read.
+inline bool race_in_flight(const PendingCopy& c, const Fiber& f, int tid, unsigned epoch,
+                           unsigned sync) {
+  if (tid < 0 || tid == f.linear || epoch < c.epoch) return false;
+  return !(epoch == c.epoch && tid / 32 == f.warp && sync < c.sync);
+}
+
 // A cp.async copy landing: its bytes were written at some time from its issue to now, so any
-// other thread's access to them since the issue's epoch is a hazard.
+// other thread's access to them since the issue (race_in_flight) is a hazard.
 inline void race_async_landing(const PendingCopy& c, const Fiber& f) {
   RaceState& r = race();
   if (!r.base) return;
   const size_t first = size_t(c.dst - r.base);
   for (size_t off = first; off < first + 16 && off < r.cap; ++off) {
     RaceCell& cell = r.cells[off];
-    if (cell.w_tid >= 0 && cell.w_tid != f.linear && cell.w_epoch >= c.epoch)
+    if (race_in_flight(c, f, cell.w_tid, cell.w_epoch, cell.w_sync))
       race_hazard("WAW", cell.w_pc, cell.w_tid, c.pc, f.linear, off);
     for (int k = 0; k < 2; ++k) {
-      if (cell.r_tid[k] >= 0 && cell.r_tid[k] != f.linear && cell.r_epoch >= c.epoch)
+      if (race_in_flight(c, f, cell.r_tid[k], cell.r_epoch, cell.r_sync[k]))
         race_hazard("WAR", cell.r_pc[k], cell.r_tid[k], c.pc, f.linear, off);
     }
   }
@@ -905,7 +917,7 @@ void cp_async(unsigned dst, const void* src, int bytes, int src_bytes) {
   }
   unsigned char* d = shared_at(dst, bytes, "cp.async destination");
   f.copies.push_back({d, static_cast<const unsigned char*>(src), src_bytes, f.committed,
-                     race().epoch, __builtin_return_address(0)});
+                     race().epoch, L().warps[f.warp].sync, __builtin_return_address(0)});
   (void)bytes;
 }
 // A cp.async copy lands: its source bytes, then zeros to 16 (src_bytes < 16 zero-fills).
