@@ -71,10 +71,13 @@ def test_release_scores_full_points_with_the_solution_copied_in(release, tmp_pat
     assert "hidden" not in res["output"]  # a release has no hidden tests
 
 
-@pytest.mark.parametrize("change", ["edit", "delete", "add_conftest"])
+@pytest.mark.parametrize("change", ["edit", "delete", "add_conftest", "add_root_package",
+                                    "add_egg_info_conftest"])
 def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, change):
-    """Editing or deleting a test file, or adding a conftest.py, is named in the grade and
-    results.json, and grade exits 3; `--on-tamper zero` scores the lab 0, `refuse` exits 2."""
+    """Editing or deleting a test file, or adding a conftest.py (also inside a `*.egg-info`
+    folder, which pytest walks) or a package folder at the root (imported instead of an
+    installed module of its name), is named in the grade and results.json, and grade exits 3;
+    `--on-tamper zero` scores the lab 0, `refuse` exits 2."""
     root = _copy(release, tmp_path / "s", solution=True)
     lab = root / "labs" / LAB1
     target = "labs/lab01_block_manager/test_lab01_free_queue.py"
@@ -82,12 +85,17 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
         (root / target).write_text((root / target).read_text().replace("assert ", "assert True or "))
     elif change == "delete":
         (root / target).unlink()
-    else:
+    elif change == "add_conftest":
         target = "labs/lab01_block_manager/conftest.py"
         (lab / "conftest.py").write_text("# looks harmless\n")
+    else:  # found by a red team (2026-11-30): both ran code in the trusted test process
+        target = {"add_root_package": "helpers/__init__.py",
+                  "add_egg_info_conftest": "labs/lab01_block_manager/notes.egg-info/conftest.py"}[change]
+        (root / target).parent.mkdir()
+        (root / target).write_text("# looks harmless\n")
     proc, res = grade(root, "--quiet")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    word = {"edit": "edited", "delete": "deleted", "add_conftest": "added"}[change]
+    word = {"edit": "edited", "delete": "deleted"}.get(change, "added")
     assert f"tampered: {target} was {word}" in res["output"]
     if change == "delete":  # the manifest still expects the deleted file's tests: they fail
         missing = [t for t in res["tests"] if "test_lab01_free_queue" in t["extra_data"]["nodeid"]]

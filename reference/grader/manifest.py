@@ -61,6 +61,10 @@ def is_protected(rel: str) -> bool:
         # Code at the root is on sys.path of every grading process: a root ``pytest.py`` or
         # ``numpy.py`` would replace the real one, so any added there is flagged.
         return name in ROOT_CONFIG or name.endswith(ROOT_CODE)
+    if len(parts) == 2 and name.split(".")[0] == "__init__" and name.endswith(ROOT_CODE):
+        # NOTE: so is a package folder at the root: ``pytest_timeout/__init__.py`` is imported
+        # instead of the installed plugin, inside the trusted test process (found by a red team).
+        return True
     if parts[0] in ("reference", "hidden"):
         return True
     if parts[0] == "labs":
@@ -84,8 +88,9 @@ def walk_files(root: Path) -> list[str]:
     """Returns every file under ``root`` (relative POSIX paths), skipping caches and envs."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        # NOTE: ``*.egg-info`` folders are walked: pytest recurses into them (its default
+        # norecursedirs has ``*.egg`` only), so a conftest.py there would run in the grader.
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in filenames:
             out.append(Path(dirpath, name).relative_to(root).as_posix())
     return sorted(out)
