@@ -94,10 +94,21 @@ EMULATED_CAPABILITY = (9, 0)
 _capability: list = []
 
 
+#: The capability the isolated grader's worker reports, as the test's process forwards it
+#: (``"8.0"``; reference.grader.proxy): what emulated_capability set there.
+CAPABILITY_ENV = "PAGEDLAB_EMU_CAPABILITY"
+
+
 def capability() -> tuple[int, int]:
     """The compute capability the emulated device reports: :data:`EMULATED_CAPABILITY`, or the
-    one :func:`emulated_capability` set."""
-    return _capability[-1] if _capability else EMULATED_CAPABILITY
+    one :func:`emulated_capability` set (or, in an isolated grader's worker, forwarded)."""
+    if _capability:
+        return _capability[-1]
+    forwarded = os.environ.get(CAPABILITY_ENV, "")
+    if forwarded:
+        major, minor = forwarded.split(".")
+        return int(major), int(minor)
+    return EMULATED_CAPABILITY
 
 
 @contextlib.contextmanager
@@ -685,6 +696,55 @@ TORCH_STREAM = "torch's current stream"
 DEFAULT_STREAM = "CuPy's current stream (the legacy default stream)"
 _stream_logs: list[list[tuple[str, str]]] = []
 
+# ----------------------------------------------------------------------------- isolated grading
+# Graded isolated, kernels run in the worker (reference.grader.proxy), the student's process:
+# what a test records around them (streams, racecheck) must be recorded there. Each live
+# worker client registers here; a recording block asks each to begin, then for its data.
+# NOTE: a racecheck verdict recorded in the worker is the student's process's word (the
+# kernels run there): the threat model lists it.
+_remotes: list = []
+
+
+def _begin_remotes(kind: str) -> list:
+    started = []
+    for remote in list(_remotes):
+        try:
+            remote.emulate_begin(kind)
+            started.append(remote)
+        except Exception:  # noqa: BLE001 — a dead worker records nothing; its test fails anyway
+            pass
+    return started
+
+
+def _end_remotes(remotes: list, kind: str) -> list:
+    out = []
+    for remote in remotes:
+        try:
+            out.append(remote.emulate_end(kind))
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def worker_recording(kind: str):
+    """The worker's side of a test's recording block: a context manager that yields a function
+    returning what it recorded, as plain data (reference.grader.worker).
+
+    Args:
+        kind: ``"racecheck"`` or ``"streams"``.
+    """
+    if kind == "streams":
+        cm = recorded_streams()
+        log = cm.__enter__()
+        return cm, lambda: [[name, stream] for name, stream in log]
+    if kind == "racecheck":
+        cm = racecheck()
+        report = cm.__enter__()
+        return cm, lambda: {"launches": report.launches, "seconds": report.seconds,
+                            "hazards": [[h.kernel, h.kind, h.count, h.location, h.block,
+                                         list(h.first), list(h.second)] for h in report.hazards]}
+    raise ValueError(f"unknown recording {kind!r}")
+
 
 @contextlib.contextmanager
 def recorded_streams():
@@ -699,10 +759,13 @@ def recorded_streams():
     """
     log: list[tuple[str, str]] = []
     _stream_logs.append(log)
+    remotes = _begin_remotes("streams")
     try:
         yield log
     finally:
         _stream_logs.remove(log)
+        for data in _end_remotes(remotes, "streams"):
+            log.extend((str(name), str(stream)) for name, stream in data)
 
 
 # ----------------------------------------------------------------------------- racecheck
@@ -797,10 +860,17 @@ def racecheck():
     """
     report = RaceReport()
     _race_reports.append(report)
+    remotes = _begin_remotes("racecheck")
     try:
         yield report
     finally:
         _race_reports.remove(report)
+        for data in _end_remotes(remotes, "racecheck"):
+            report.add([Hazard(str(k), str(kind), int(n), str(loc), str(blk),
+                               (str(a), str(b)), (str(c), str(d)))
+                        for k, kind, n, loc, blk, (a, b), (c, d) in data["hazards"]])
+            report.launches += int(data["launches"])
+            report.seconds += float(data["seconds"])
 
 
 def _racechecking() -> bool:

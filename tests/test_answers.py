@@ -96,6 +96,18 @@ def test_a_starter_using_the_overlapping_helper_is_noted(source):
     assert "dense_attention" in notes[0]
 
 
+@pytest.mark.parametrize("helper, todo", [("paged_decode_ref", "paged_decode"),
+                                          ("paged_prefill_ref", "paged_prefill")])
+def test_a_starter_using_a_paged_oracle_is_noted(helper, todo):
+    """The float64 paged oracles answer Lab 3's paged functions without resembling them (no
+    online softmax): a starter that calls one is noted like one using attention_ref."""
+    from reference.grader.answers import helper_uses
+
+    notes = helper_uses("lab03_paged_attention_oracle",
+                        f"from reference import oracle\nout = oracle.{helper}(q)\n")
+    assert len(notes) == 1 and f"reference.oracle.{helper}" in notes[0] and todo in notes[0], notes
+
+
 def test_untouched_starters_and_unrelated_imports_are_not_noted():
     """No note for the starters as shipped, for another helper of the same module, or for a lab
     whose given worked example is meant to be used (Lab 4's launchers)."""
@@ -104,6 +116,6 @@ def test_untouched_starters_and_unrelated_imports_are_not_noted():
     for lab in lab_names():
         assert helper_uses(lab, (LABS_DIR / lab / "starter.py").read_text()) == [], lab
     assert helper_uses("lab03_paged_attention_oracle",
-                       "from reference.oracle import paged_decode_ref\n") == []
+                       "from reference.oracle import gather_kv\n") == []
     assert helper_uses("lab04_decode_kernels",
                        "from labs.lab04_decode_kernels._launch import launch_naive\n") == []

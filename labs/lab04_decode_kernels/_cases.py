@@ -165,3 +165,77 @@ def record_launches_of(version: str, args: list, scale: float, **kwargs) -> list
         launch(*args, scale, **kwargs)
     return [(tuple(r.grid), tuple(r.block), list(rcuda.kernel_origin(r.kernel)[0].options))
             for r in launches]
+
+
+# ----------------------------------------------------------------------------- the 4 GiB cache
+
+
+def _sparse_host_cache(shape, poisoned_blocks: int):
+    """A CPU fp16 tensor of ``shape`` on an anonymous memory map: pages cost memory only once
+    written, so a 4 GiB cache holds just the blocks a test fills. Untouched blocks read as 0;
+    the first ``poisoned_blocks`` (where a wrapped 32-bit offset lands) are NaN."""
+    import mmap
+
+    import torch
+
+    nbytes = int(np.prod(shape)) * 2
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    cache = torch.frombuffer(buf, dtype=torch.float16).view(shape)
+    cache[:poisoned_blocks] = float("nan")
+    return cache
+
+
+def big_cache_case(emulated: bool) -> GpuCase:
+    """A paged cache of 2^31 + 2^23 fp16 elements (4.02 GiB each for K and V); sequence 0 lives
+    at the very top of the pool, sequence 1 at the bottom, sequence 2 alternates. Emulated, the
+    caches are sparse host memory maps (the emulator copies in only the pages a kernel reads:
+    the offsets are the GPU's, the memory is a few MiB); on the GPU, NaN-filled CUDA tensors.
+
+    Args:
+        emulated: build it for the emulated device (CPU memory maps) instead of the GPU.
+    """
+    import torch
+
+    small = GpuCase(101, [100, 37, 64], 4, 1, 128, 16)
+    num_blocks = 2**20 + 4096
+    shape = (num_blocks, 1, 16, 128)
+    if emulated:
+        key_cache = _sparse_host_cache(shape, 64)
+        value_cache = _sparse_host_cache(shape, 64)
+    else:
+        key_cache = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")
+        value_cache = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")
+    tables = small.host_tables.copy()
+    top, bottom = num_blocks - 1, 5
+    for s, n in enumerate(small.host_lens):
+        for j in range(-(-int(n) // 16)):
+            to_top = s == 0 or (s == 2 and j % 2 == 0)
+            new = top if to_top else bottom
+            top, bottom = (top - 1, bottom) if to_top else (top, bottom + 1)
+            old = int(small.host_tables[s, j])
+            key_cache[new] = small.key_cache[old]
+            value_cache[new] = small.value_cache[old]
+            tables[s, j] = new
+    small.key_cache, small.value_cache = key_cache, value_cache
+    small.block_tables = torch.from_numpy(tables).to(key_cache.device)
+    assert int(tables.max()) * 16 * 128 > 2**31, "the top blocks must lie past 2^31 elements"
+    return small
+
+
+def run_on_big_cache(version: str):
+    """Runs ``KERNELS[version]`` on :func:`big_cache_case` (emulated) into a NaN-filled ``out=``.
+
+    NOTE: a given helper (``reference.grader.proxy.given``): graded isolated, the 4 GiB cache
+    cannot cross to the worker, so the worker builds it; the test compares the output.
+
+    Returns:
+        The output, a CPU tensor ``[3, 4, 128]``.
+    """
+    from reference.gpu import synchronize
+    from reference.loader import load_impl
+
+    case = big_cache_case(True)
+    launch = load_impl("lab04_decode_kernels").KERNELS[version]
+    got = launch(*case.args(), case.scale, out=case.poisoned_out())
+    synchronize()
+    return got.clone()

@@ -123,9 +123,19 @@ def overlaps(release: Path, min_tokens: int = 25) -> list[tuple[float, str, str]
     return sorted(found, reverse=True)
 
 
+#: Shipped helpers that compute a TODO's result without resembling its answer: the float64
+#: paged oracles answer Lab 3's paged functions with a dense pass over gathered pages (no
+#: online softmax, so the body comparison above does not pair them). A starter that calls
+#: one gets the same note (a red team scored 37.6 of Lab 3's 75 points with them, 2026-11-30).
+ANSWERING_HELPERS = {
+    "lab03_paged_attention_oracle": {"reference.oracle.paged_decode_ref": "paged_decode",
+                                     "reference.oracle.paged_prefill_ref": "paged_prefill"},
+}
+
+
 def _overlap_names() -> dict[str, dict[str, str]]:
     """lab -> {module.name of a shipped helper in ``reference/`` -> the TODO it overlaps}."""
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, str]] = {lab: dict(h) for lab, h in ANSWERING_HELPERS.items()}
     for (shipped, todo), _ in KNOWN_OVERLAPS.items():
         path, qual = shipped.split("::")
         if not path.startswith("reference/"):

@@ -48,7 +48,7 @@ import msgpack
 
 from reference import errors as reference_errors
 from reference.grader.codec import Codec, is_compact, storage_bytes
-from reference.grader.sandbox import (FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
+from reference.grader.sandbox import (DEVICE_ENV, FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
                                       ensure_worker_user, make_worker_home, worker_command)
 from reference.grader.shared import TrustedShared
 from reference.grader.worker import (FLAG_CONCURRENT, STATUS_RETIRED, PendingReply, FrameReader,
@@ -248,7 +248,8 @@ class WorkerClient:
         self._epoch_lock = threading.Lock()
         self._local = threading.local()  # .stamp: the epoch of what is being decoded
         self._ids = itertools.count(1)
-        self._sent_env: tuple = (None,) * len(FORWARDED_ENV)  # what the worker was last told
+        # what the worker was last told (FORWARDED_ENV, then DEVICE_ENV)
+        self._sent_env: tuple = (None,) * (len(FORWARDED_ENV) + len(DEVICE_ENV))
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         self.dead: str | None = None
@@ -258,6 +259,9 @@ class WorkerClient:
         except BaseException:
             self.kill("the student's module failed to import")  # NOTE: never left running
             raise
+        from reference import emulate
+
+        emulate._remotes.append(self)  # what a test records around emulated launches (below)
 
     # --- codec hooks -------------------------------------------------------------------------
     def _to_handle(self, obj: Any) -> list:
@@ -343,10 +347,10 @@ class WorkerClient:
         flags = FLAG_CONCURRENT if self._pending else 0
         self._pending[req_id] = slot
         message = [req_id, op, target, name, args, kwargs, flags]
-        env = tuple(map(os.environ.get, FORWARDED_ENV))
+        env = tuple(map(os.environ.get, FORWARDED_ENV)) + _device_state()
         if env != self._sent_env:
             self._sent_env = env  # NOTE: a test's monkeypatch.setenv, made visible to the worker
-            message.append(dict(zip(FORWARDED_ENV, env)))
+            message.append(dict(zip(FORWARDED_ENV + DEVICE_ENV, env)))
         try:
             body = self._codec.pack(message)
         except BaseException:
@@ -464,6 +468,19 @@ class WorkerClient:
         except OSError:
             pass  # the worker is gone: the call waiting for it learns so
 
+    def emulate_begin(self, kind: str) -> None:
+        """Starts recording ``kind`` (``"racecheck"``, ``"streams"``) of the emulated launches
+        the worker runs (``reference.emulate``'s recording blocks call it).
+
+        Raises:
+            WorkerDiedError: the worker is gone.
+        """
+        self.request("emulate", None, "begin", [kind])
+
+    def emulate_end(self, kind: str) -> Any:
+        """Stops recording ``kind`` and returns what the worker recorded, as plain data."""
+        return self.request("emulate", None, "end", [kind])
+
     def count_torch_calls(self) -> "WorkerTorchCalls":
         """Returns a context manager counting the torch calls student code makes in the worker."""
         return WorkerTorchCalls(self)
@@ -491,6 +508,9 @@ class WorkerClient:
     def _mark_dead(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
+        emulate = sys.modules.get("reference.emulate")
+        if emulate is not None and self in emulate._remotes:
+            emulate._remotes.remove(self)
         for slot in list(self._pending.values()):
             slot.event.set()
 
@@ -515,6 +535,18 @@ class WorkerClient:
             self.proc.kill()
         except ProcessLookupError:
             pass
+
+
+def _device_state() -> tuple:
+    """The test process's emulated-device state, as the worker's DEVICE_ENV variables."""
+    emulate = sys.modules.get("reference.emulate")
+    if emulate is None:
+        on = os.environ.get("PAGEDLAB_DEVICE", "").strip().lower() == "emulate"
+        return ("emulate", None) if on else (None, None)
+    if not emulate.emulating():
+        return None, None
+    major, minor = emulate.capability()
+    return "emulate", f"{major}.{minor}"
 
 
 def _run_callback(op: Any, target: Any, name: Any, args: Any, kwargs: Any) -> Any:

@@ -38,7 +38,8 @@ from typing import Protocol
 from reference.grader.bytecode import python_argv
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
-from reference.grader.sandbox import ISOLATED_ENV, ensure_worker_user, in_process_reason
+from reference.grader.sandbox import (ISOLATED_ENV, ensure_worker_user, in_process_reason,
+                                      kill_orphaned_worker_processes)
 from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -451,6 +452,10 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         finally:
             _kill_group(proc)  # whatever the test process left behind (or on Ctrl-C)
             proc.wait()
+            if child_env.get(ISOLATED_ENV) in ("root", "sudo"):
+                # NOTE: and whatever student code left behind as the worker user (a daemon
+                # that double-forked): it must not meet the next phase or submission.
+                kill_orphaned_worker_processes(child_env[ISOLATED_ENV])
         events += tail.poll(final=True)
         output = out_path.read_text(errors="replace")
     return _Child(proc.returncode, killed, output, events, tail.rejected)

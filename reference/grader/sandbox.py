@@ -35,6 +35,10 @@ ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LAB_IMPL", "PAGEDLAB_I
 #: each request carries their values when they changed since the last one, and the worker sets
 #: them before the call, as one process would see them.
 FORWARDED_ENV = ("PAGEDLAB_DEBUG",)
+#: The emulated device's state as the test's process sees it (``emulation()`` around a test,
+#: ``emulated_capability``), forwarded with every call like :data:`FORWARDED_ENV`: the worker
+#: runs the student's launchers on the device the test built its inputs for.
+DEVICE_ENV = ("PAGEDLAB_DEVICE", "PAGEDLAB_EMU_CAPABILITY")
 #: Set in the test process's environment (to ``root`` or ``sudo``: how to switch users) when
 #: its ``impl`` must be a worker proxy.
 ISOLATED_ENV = "PAGEDLAB_ISOLATED"
@@ -188,6 +192,68 @@ def kill_worker_processes(how: str) -> None:
             subprocess.run(["sudo", "-n", "kill", "-KILL", *map(str, pids)], capture_output=True)
         time.sleep(0.1)
     raise IsolationError(f"processes of {WORKER_USER!r} survive SIGKILL")
+
+
+def _parent(pid: int) -> int | None:
+    """The parent pid of a live process (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def orphaned_worker_processes() -> list[int]:
+    """Returns the processes of :data:`WORKER_USER` that no grading runs any more.
+
+    A grading's worker (and a child it starts) descends from that grading's test process,
+    another user's. A process whose first ancestor outside the worker user is init (pid 1) or
+    gone outlived the grading that started it: a daemon that double-forked, a child left
+    behind when the worker was killed. NOTE: another grading running at the same time keeps
+    its workers (their test process is alive); only the orphans go. Where an ancestor other
+    than init adopts orphans (a subreaper), they are not recognised.
+    """
+    try:
+        uid = pwd.getpwnam(WORKER_USER).pw_uid
+    except KeyError:
+        return []
+    owners = {int(d): _owner(d) for d in os.listdir("/proc") if d.isdigit()}
+    orphans = []
+    for pid, owner in owners.items():
+        if owner != uid:
+            continue
+        up, seen = _parent(pid), {pid}
+        while up is not None and up not in seen and owners.get(up, _owner(str(up))) == uid:
+            seen.add(up)
+            up = _parent(up)
+        if up is None or up <= 1:
+            orphans.append(pid)
+    return orphans
+
+
+def kill_orphaned_worker_processes(how: str) -> None:
+    """Kills :func:`orphaned_worker_processes` (again while new orphans appear).
+
+    The grader calls it after each test process: a process the student's code left running
+    must not outlive its grading (it could kill or spy on the next submission's worker).
+
+    Args:
+        how: from :func:`ensure_worker_user` (``"root"`` kills directly, ``"sudo"`` through sudo).
+    """
+    for _ in range(50):
+        pids = orphaned_worker_processes()
+        if not pids:
+            return
+        if how == "root":
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        else:
+            subprocess.run(["sudo", "-n", "kill", "-KILL", *map(str, pids)], capture_output=True)
+        time.sleep(0.1)
+    raise IsolationError(f"orphaned processes of {WORKER_USER!r} survive SIGKILL")
 
 
 def kill_process_group(pgid: int, how: str | None) -> None:

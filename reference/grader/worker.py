@@ -464,6 +464,7 @@ class Worker:
         self._callbacks: dict[int, PendingReply] = {}
         # [count] while a test counts the torch calls student code makes (None otherwise).
         self._torch_calls: list[int] | None = None
+        self._recordings: dict = {}  # op "emulate": kind -> (context, what it recorded)
         self._callback_ids = iter(range(1, 1 << 62))
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -666,6 +667,24 @@ class Worker:
         if op == "gather":
             # proxy.gather: a lab's test helper that reads a whole state, run here in one trip.
             return _workbook_attr(name, str.isidentifier, "workbook code")(*args)
+        if op == "emulate":
+            # A test's recording block around emulated launches (racecheck, streams): the
+            # launches run here, so they are recorded here. begin -> None; end -> the data.
+            from reference.emulate import worker_recording
+
+            (kind,) = args
+            if name == "begin":
+                if kind in self._recordings:
+                    self._recordings.pop(kind)[0].__exit__(None, None, None)
+                self._recordings[kind] = worker_recording(kind)
+                return None
+            if kind not in self._recordings:
+                raise ValueError(f"no {kind!r} recording was begun")
+            context, data = self._recordings.pop(kind)
+            try:
+                return data()
+            finally:
+                context.__exit__(None, None, None)
         if op == "count_torch_calls":
             # A test's torch-call count (Lab 2's "vectorized" test) must be taken where the
             # student's code runs: here. start -> None; stop -> the count since start.
@@ -756,11 +775,18 @@ def _set_forwarded_env(env) -> None:
     """Applies the test's changes to the variables of ``sandbox.FORWARDED_ENV`` (None: unset)."""
     from reference.grader.sandbox import FORWARDED_ENV
 
+    import re
+
+    from reference.grader.sandbox import DEVICE_ENV
+
     if type(env) is not dict:
         raise TypeError("malformed environment update")
     for key, value in env.items():
-        if key not in FORWARDED_ENV or not (value is None or type(value) is str):
+        if key not in FORWARDED_ENV + DEVICE_ENV or not (value is None or type(value) is str):
             raise TypeError(f"{key!r} is not a forwarded variable")
+        if key in DEVICE_ENV and value is not None \
+                and not re.fullmatch(r"emulate|\d{1,2}\.\d{1,2}", value):
+            raise TypeError(f"{key}={value!r} is not a device state")
         if value is None:
             os.environ.pop(key, None)
         else:

@@ -145,6 +145,26 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_check.py"),
     fh.write("\\n")
 OK = True
 ''')},
+    # A daemon (double fork, new session) left running after the grading: it could kill or
+    # watch the next submission's worker on the same machine (a red team, 2026-11-30). It
+    # writes its pid to {PIDFILE}; the local test checks that it is gone after the grade.
+    "daemon": {"starter.py": _if('''
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            try:
+                with open("{PIDFILE}", "a") as fh:
+                    fh.write(f"{os.getpid()}\\n")
+                time.sleep(300)
+            finally:
+                os._exit(0)
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+OK = False
+''')},
     # Fork: a child outliving the call tries to tamper later.
     "fork": {"starter.py": _if('''
 if os.fork() == 0:

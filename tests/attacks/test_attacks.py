@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grading_helpers import make_workbook, pagedlab  # noqa: E402
 from payloads import PAYLOADS, TODO  # noqa: E402
-from reference.grader.sandbox import IsolationError, ensure_worker_user  # noqa: E402
+from reference.grader.sandbox import IsolationError, _owner, ensure_worker_user  # noqa: E402
 
 try:
     ensure_worker_user()
@@ -185,8 +185,12 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     trusted conftest.py is untouched and the grade completes."""
     top = _readable_tmp()
     env_file = _guarded_file(top, "github_env")
+    pidfile = _guarded_file(top, "daemon_pids")
+    pidfile.write_text("")
+    pidfile.chmod(0o666)
     root = _submission(world, top / "s", {"RESULTS": str(top / "results.json"),
-                                          "BUNDLE": str(top / "none"), "GITHUB_ENV": str(env_file)})
+                                          "BUNDLE": str(top / "none"), "GITHUB_ENV": str(env_file),
+                                          "PIDFILE": str(pidfile)})
     conftest = (root / "conftest.py").read_text()
     results = top / "out.json"
     proc = pagedlab(root, "grade", "--isolated", "--timeout", TIMEOUT, "--results", str(results),
@@ -198,6 +202,10 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     assert (root / "conftest.py").read_text() == conftest
     assert env_file.read_text() == "ORIGINAL\n"
     assert "startup_files" in res["output"] or "sitecustomize" in res["output"]
+    daemons = [int(p) for p in pidfile.read_text().split()]
+    assert daemons, "the daemon payload never started its daemon"
+    alive = [pid for pid in daemons if _owner(str(pid)) is not None]
+    assert not alive, f"daemons outlived the grading: {alive}"
 
 
 def test_every_attack_scores_zero_on_the_classroom_path(world):
@@ -207,7 +215,8 @@ def test_every_attack_scores_zero_on_the_classroom_path(world):
     env_file = _guarded_file(top, "github_env")
     out_file = top / "github_output"
     root = _submission(world, top / "s", {"RESULTS": str(top / "results.json"),
-                                          "BUNDLE": str(top / "none"), "GITHUB_ENV": str(env_file)})
+                                          "BUNDLE": str(top / "none"), "GITHUB_ENV": str(env_file),
+                                          "PIDFILE": str(top / "pids")})
     env = {"GITHUB_ENV": str(env_file), "GITHUB_OUTPUT": str(out_file)}
     proc = pagedlab(root, "grade", "--classroom", "--manifest-digest", world["digest"],
                     "--timeout", TIMEOUT, "--results", str(top / "r.json"), "--summary",
@@ -234,7 +243,8 @@ def test_every_attack_scores_zero_on_gradescope(world):
     env_file = _guarded_file(top, "github_env")
     _submission(world, auto / "submission", {"RESULTS": str(auto / "results" / "results.json"),
                                              "BUNDLE": str(auto / "source"),
-                                             "GITHUB_ENV": str(env_file)})
+                                             "GITHUB_ENV": str(env_file),
+                                             "PIDFILE": str(top / "pids")})
     before = (auto / "source" / "conftest.py").read_text()
     env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "PYTEST_ADDOPTS")}
     env.update(PAGEDLAB_AUTOGRADER_ROOT=str(auto), PAGEDLAB_PYTHON=sys.executable)
