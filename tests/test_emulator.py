@@ -355,7 +355,8 @@ def test_tma_mbarrier_and_wgmma_follow_the_hardware_layouts(tmp_path):
 
 def test_an_mbarrier_that_never_completes_is_a_deadlock_error(tmp_path):
     """A barrier told to expect more bytes than the copies bring never completes its phase: the
-    error names the waiting threads, the barrier and the missing transaction bytes."""
+    error names the waiting threads, the barrier and the missing transaction bytes, and the
+    lines of the kernel's own mbar_wait and mbar_init calls (not of the header's wrappers)."""
     k = kernel(tmp_path, HOPPER_KERNEL, options=(f"-I{rcuda.INCLUDE_DIR}", "-DBYTES=20480"))
     a, b, amap, bmap = _hopper_inputs()
     d = torch.zeros(64, 64)
@@ -364,6 +365,10 @@ def test_an_mbarrier_that_never_completes_is_a_deadlock_error(tmp_path):
                      shared_mem=16384 + 64)
     msg = str(err.value)
     assert "0..127 wait (mbar_wait" in msg and "4096 transaction bytes" in msg, msg
+    lines = (tmp_path / "k.cu").read_text().splitlines()
+    wait = next(i for i, line in enumerate(lines, 1) if "mbar_wait(bar, 0)" in line)
+    init = next(i for i, line in enumerate(lines, 1) if "mbar_init(bar, 1)" in line)
+    assert f"(mbar_wait, line {wait})" in msg and f"initialised at line {init}" in msg, msg
 
 
 HOPPER_MISTAKES = {

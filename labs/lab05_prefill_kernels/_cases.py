@@ -137,6 +137,13 @@ def oracle(batch: dict, *, causal: bool = True) -> np.ndarray:
     return out
 
 
+#: More likely causes of a wrong answer from the Hopper kernel (Task 5.6): its own machinery.
+WGMMA_CAUSES = (" For the wgmma kernel, also: a descriptor's leading or stride byte offset or "
+                "its swizzle mode (V's matter at head size 128, not 64), a k16 step's start "
+                "address, an mbarrier phase's parity, a Q buffer or ring stage reused before its "
+                "empty barrier, or a TMA box that does not match the tile.")
+
+
 def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = "") -> None:
     """Asserts the kernel output matches the oracle; the message names the first bad spot.
 
@@ -164,7 +171,8 @@ def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = ""
             f"Likely cause: a key/value row past the context (the cache's padding is NaN) or a "
             f"block id read wrongly was used; shared memory read before it was written (a "
             f"missing __syncthreads() between a tile's use and the next load; emulated, fresh "
-            f"shared memory is NaN); or this output was never written (outputs start NaN).")
+            f"shared memory is NaN); or this output was never written (outputs start NaN)."
+            + (WGMMA_CAUSES if what.startswith("wgmma") else ""))
     tol = TOLERANCE[dtype]
     worst = (0.0, None)
     for s in range(len(cu) - 1):
@@ -187,7 +195,8 @@ def check_close(out, ref: np.ndarray, batch: dict, *, dtype: str, what: str = ""
             f"{b - a}, history {hist}), query head {h}; first bad query {i} (position "
             f"{hist + i}), max abs error there {row_err[i]:.3g}. Likely causes: the causal limit "
             f"(history + i), the GQA head mapping, ALiBi's sign, a tile edge, the online-"
-            f"softmax rescale, or a missing __syncthreads() (a tile overwritten while still read).")
+            f"softmax rescale, or a missing __syncthreads() (a tile overwritten while still read)."
+            + (WGMMA_CAUSES if what.startswith("wgmma") else ""))
 
 
 def poison_allocator(nbytes: int) -> None:

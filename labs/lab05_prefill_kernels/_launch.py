@@ -295,7 +295,7 @@ def check_launch(kernel: str, shapes: PrefillShapes, plan: TilePlan, *, query, k
     ids (debug or CPU inputs), the device (last); then the output as a torch tensor.
 
     Args:
-        kernel: ``"naive"``, ``"tiled"`` or ``"tc"``.
+        kernel: ``"naive"``, ``"tiled"``, ``"tc"`` or ``"wgmma"``.
         shapes: from ``check_prefill_inputs``.
         plan: the caller's or a fresh one.
         query, key_cache, value_cache, block_tables, cu_seqlens_q, context_lens, alibi_slopes,

@@ -61,19 +61,21 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {}
 __device__ __forceinline__ void reg_fence(float&) {}
 __device__ __forceinline__ void fence_proxy_async() {}
-__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
-  ::pagedlab_emu::mbar_init(addr, count, __LINE__);
+// NOTE: __builtin_LINE() as a default argument is the caller's line (g++): errors name the
+// line of the kernel that called the wrapper, not this header's.
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count, int line = __builtin_LINE()) {
+  ::pagedlab_emu::mbar_init(addr, count, line);
 }
 __device__ __forceinline__ void fence_mbarrier_init() {}
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned addr) {
   ::pagedlab_emu::mbar_arrive_cp_async(addr);
 }
 __device__ __forceinline__ void mbar_arrive(unsigned addr) { ::pagedlab_emu::mbar_arrive(addr); }
-__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
-  ::pagedlab_emu::mbar_wait(addr, parity, __LINE__);
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity, int line = __builtin_LINE()) {
+  ::pagedlab_emu::mbar_wait(addr, parity, line);
 }
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  ::pagedlab_emu::named_bar_sync(id, count, __LINE__);
+__device__ __forceinline__ void named_bar_sync(int id, int count, int line = __builtin_LINE()) {
+  ::pagedlab_emu::named_bar_sync(id, count, line);
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
@@ -86,14 +88,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
   ::pagedlab_emu::mbar_arrive_expect_tx(addr, bytes);
 }
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, int x, int y, unsigned mbar) {
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc& desc, int x, int y, unsigned mbar,
+                                            int line = __builtin_LINE()) {
   const int c[2] = {x, y};
-  ::pagedlab_emu::tma_load(dst, desc.words, 2, c, mbar, __LINE__);
+  ::pagedlab_emu::tma_load(dst, desc.words, 2, c, mbar, line);
 }
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc& desc, int x, int y, int z,
-                                            int w, unsigned mbar) {
+                                            int w, unsigned mbar, int line = __builtin_LINE()) {
   const int c[4] = {x, y, z, w};
-  ::pagedlab_emu::tma_load(dst, desc.words, 4, c, mbar, __LINE__);
+  ::pagedlab_emu::tma_load(dst, desc.words, 4, c, mbar, line);
 }
 template <int N>
 __device__ __forceinline__ void wgmma_ss(WgmmaShape<N>, float* d, unsigned long long a_desc,
