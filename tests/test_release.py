@@ -72,11 +72,14 @@ def test_release_scores_full_points_with_the_solution_copied_in(release, tmp_pat
 
 
 @pytest.mark.parametrize("change", ["edit", "delete", "add_conftest", "add_root_package",
-                                    "add_egg_info_conftest"])
+                                    "add_egg_info_conftest", "add_symlink_in_lab",
+                                    "add_symlink_at_root", "test_file_made_a_folder_link"])
 def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, change):
     """Editing or deleting a test file, or adding a conftest.py (also inside a `*.egg-info`
     folder, which pytest walks) or a package folder at the root (imported instead of an
-    installed module of its name), is named in the grade and results.json, and grade exits 3;
+    installed module of its name), or any symbolic link (pytest and Python follow one into a
+    folder the manifest skips, `build/`), is named in the grade and results.json, and grade
+    exits 3;
     `--on-tamper zero` scores the lab 0, `refuse` exits 2."""
     root = _copy(release, tmp_path / "s", solution=True)
     lab = root / "labs" / LAB1
@@ -88,14 +91,26 @@ def test_edited_deleted_or_added_protected_files_are_flagged(release, tmp_path, 
     elif change == "add_conftest":
         target = "labs/lab01_block_manager/conftest.py"
         (lab / "conftest.py").write_text("# looks harmless\n")
-    else:  # found by a red team (2026-11-30): both ran code in the trusted test process
+    elif change in ("add_root_package", "add_egg_info_conftest"):
+        # found by a red team (2026-11-30): both ran code in the trusted test process
         target = {"add_root_package": "helpers/__init__.py",
                   "add_egg_info_conftest": "labs/lab01_block_manager/notes.egg-info/conftest.py"}[change]
         (root / target).parent.mkdir()
         (root / target).write_text("# looks harmless\n")
+    elif change == "test_file_made_a_folder_link":  # edited: no longer a file (and a link)
+        (root / target).unlink()
+        (tmp_path / "elsewhere").mkdir()
+        (root / target).symlink_to(tmp_path / "elsewhere")
+    else:  # the same red team's second round: a link into a folder the manifest skipped
+        folder = root / "labs" / LAB1 / "build" / "pkg"
+        folder.mkdir(parents=True)
+        (folder / "conftest.py").write_text("# looks harmless\n")
+        target = {"add_symlink_in_lab": f"labs/{LAB1}/zz", "add_symlink_at_root": "pkg"}[change]
+        (root / target).symlink_to(folder)
     proc, res = grade(root, "--quiet")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    word = {"edit": "edited", "delete": "deleted"}.get(change, "added")
+    word = {"edit": "edited", "delete": "deleted",
+            "test_file_made_a_folder_link": "edited"}.get(change, "added")
     assert f"tampered: {target} was {word}" in res["output"]
     if change == "delete":  # the manifest still expects the deleted file's tests: they fail
         missing = [t for t in res["tests"] if "test_lab01_free_queue" in t["extra_data"]["nodeid"]]

@@ -85,15 +85,28 @@ def is_student_file(rel: str) -> bool:
 
 
 def walk_files(root: Path) -> list[str]:
-    """Returns every file under ``root`` (relative POSIX paths), skipping caches and envs."""
+    """Returns every file under ``root`` (relative POSIX paths), skipping caches and envs; a
+    symbolic link to a folder is listed like a file (never followed: see :func:`symlinks`)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         # NOTE: ``*.egg-info`` folders are walked: pytest recurses into them (its default
         # norecursedirs has ``*.egg`` only), so a conftest.py there would run in the grader.
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in filenames:
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames + links:
             out.append(Path(dirpath, name).relative_to(root).as_posix())
     return sorted(out)
+
+
+def symlinks(root: Path) -> list[str]:
+    """Returns every symbolic link under ``root`` outside :data:`SKIP_DIRS` (relative paths).
+
+    NOTE: a release holds none, and any a submission adds counts as an added protected file:
+    pytest and Python follow a link that the manifest's walk does not (a red team's
+    ``labs/<lab>/zz -> build/pkg`` put a conftest.py into the grader; a root
+    ``pytest_timeout -> node_modules/pt`` replaced a plugin).
+    """
+    return [rel for rel in walk_files(root) if os.path.islink(root / rel)]
 
 
 def sha256_file(path: Path) -> str:
@@ -197,7 +210,7 @@ def verify_manifest(root: Path, manifest: dict) -> Tamper:
     for rel, want in sorted(manifest["files"].items()):
         if rel not in present:
             tamper.deleted.append(rel)
-        elif sha256_file(root / rel) != want:
+        elif not (root / rel).is_file() or sha256_file(root / rel) != want:
             tamper.edited.append(rel)
-    tamper.added = sorted(present - set(manifest["files"]))
+    tamper.added = sorted((present - set(manifest["files"])) | set(symlinks(root)))
     return tamper

@@ -38,8 +38,9 @@ from typing import Protocol
 from reference.grader.bytecode import python_argv
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
-from reference.grader.sandbox import (ISOLATED_ENV, ensure_worker_user, in_process_reason,
-                                      kill_orphaned_worker_processes)
+from reference.grader.sandbox import (HOMES_ENV, ISOLATED_ENV, ensure_worker_user,
+                                      in_process_reason, kill_orphaned_worker_processes,
+                                      make_homes_folder, remove_homes_folder)
 from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -411,6 +412,11 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
     if impl is not None:
         child_env["LAB_IMPL"] = impl
     child_env.update(env or {})
+    how = child_env.get(ISOLATED_ENV)
+    isolated = how in ("root", "sudo")
+    homes = make_homes_folder() if isolated else None
+    if homes is not None:
+        child_env[HOMES_ENV] = str(homes)
     key = new_key()
     # NOTE: mkdtemp is private (0700) and unpredictable; the log is signed anyway.
     with tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
@@ -452,10 +458,12 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         finally:
             _kill_group(proc)  # whatever the test process left behind (or on Ctrl-C)
             proc.wait()
-            if child_env.get(ISOLATED_ENV) in ("root", "sudo"):
+            if isolated:
                 # NOTE: and whatever student code left behind as the worker user (a daemon
-                # that double-forked): it must not meet the next phase or submission.
-                kill_orphaned_worker_processes(child_env[ISOLATED_ENV])
+                # that double-forked): it must not meet the next phase or submission; nor
+                # must its homes (compiled kernels, anything it wrote there).
+                kill_orphaned_worker_processes(how)
+                remove_homes_folder(homes, how)
         events += tail.poll(final=True)
         output = out_path.read_text(errors="replace")
     return _Child(proc.returncode, killed, output, events, tail.rejected)

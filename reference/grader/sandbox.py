@@ -136,6 +136,9 @@ def ensure_worker_user() -> str:
     except OSError as exc:  # e.g. the user may not enter REPO_ROOT
         raise IsolationError(f"the user {WORKER_USER!r} cannot work in {REPO_ROOT} ({exc}): "
                              f"the workbook must be readable by every user") from None
+    if probe.returncode < 0:  # NOTE: killed (a signal), not refused: say so
+        raise IsolationError(f"the probe run as {WORKER_USER!r} was killed by signal "
+                             f"{-probe.returncode} (another process of that user?)")
     if probe.returncode != 0:
         raise IsolationError(
             f"the user {WORKER_USER!r} cannot run {sys.executable} on {REPO_ROOT} "
@@ -231,6 +234,26 @@ def orphaned_worker_processes() -> list[int]:
     return orphans
 
 
+def make_homes_folder() -> Path:
+    """Returns a fresh folder for one test process's worker homes (:data:`HOMES_ENV`): others
+    may enter it (the worker must reach its home) but not list it."""
+    path = Path(tempfile.mkdtemp(prefix="pagedlab-homes-"))
+    path.chmod(0o711)
+    return path
+
+
+def remove_homes_folder(path: Path, how: str) -> None:
+    """Removes a :func:`make_homes_folder` folder and the worker homes in it.
+
+    Args:
+        path: the folder.
+        how: from :func:`ensure_worker_user` (``"sudo"``: the homes' files are another user's).
+    """
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists() and how == "sudo":
+        subprocess.run(["sudo", "-n", "rm", "-rf", "--", str(path)], capture_output=True)
+
+
 def kill_orphaned_worker_processes(how: str) -> None:
     """Kills :func:`orphaned_worker_processes` (again while new orphans appear).
 
@@ -274,14 +297,34 @@ def kill_process_group(pgid: int, how: str | None) -> None:
 
 
 def _owner(pid: str) -> int | None:
-    """The uid of a live process (None once it is gone, or a zombie: it runs nothing)."""
+    """The uid of a live process (None once it is gone, or a zombie: it runs nothing).
+
+    NOTE: a process whose first thread exited while others run shows "Z" in its own stat:
+    it is alive while any of its threads is not a zombie (a red team's daemon hid so).
+    """
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().rpartition(")")[2].split()[0] == "Z":
+            if fh.read().rpartition(")")[2].split()[0] == "Z" and not _any_live_thread(pid):
                 return None
         return os.stat(f"/proc/{pid}").st_uid
     except (OSError, IndexError):
         return None
+
+
+def _any_live_thread(pid: str) -> bool:
+    """True when a thread of process ``pid`` is not a zombie."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rpartition(")")[2].split()[0] != "Z":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def _switch(how: str) -> list[str]:
@@ -295,9 +338,17 @@ def _popen_user(how: str) -> dict:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
+#: Set by the grader for a test process: the folder its workers' homes go in, removed with
+#: everything in it once the test process and the worker user's orphans are gone (a home
+#: holds the student's compiled kernels: the next submission's worker must not find them).
+HOMES_ENV = "PAGEDLAB_WORKER_HOMES"
+
+
 def make_worker_home() -> Path:
-    """Returns a fresh private folder owned by the worker user (its HOME and TMPDIR)."""
-    home = Path(tempfile.mkdtemp(prefix="pagedlab-worker-"))
+    """Returns a fresh private folder owned by the worker user (its HOME and TMPDIR), inside
+    the grader's folder for this test process (:data:`HOMES_ENV`) when there is one."""
+    parent = os.environ.get(HOMES_ENV) or None
+    home = Path(tempfile.mkdtemp(prefix="pagedlab-worker-", dir=parent))
     if _is_root():
         entry = pwd.getpwnam(WORKER_USER)
         os.chown(home, entry.pw_uid, entry.pw_gid)

@@ -147,7 +147,8 @@ OK = True
 ''')},
     # A daemon (double fork, new session) left running after the grading: it could kill or
     # watch the next submission's worker on the same machine (a red team, 2026-11-30). It
-    # writes its pid to {PIDFILE}; the local test checks that it is gone after the grade.
+    # writes its pid and its worker's home (which holds the compiled kernels) to {PIDFILE};
+    # the local test checks that both are gone after the grade.
     "daemon": {"starter.py": _if('''
 pid = os.fork()
 if pid == 0:
@@ -156,8 +157,29 @@ if pid == 0:
         if os.fork() == 0:
             try:
                 with open("{PIDFILE}", "a") as fh:
-                    fh.write(f"{os.getpid()}\\n")
+                    fh.write(f"{os.getpid()}\\nhome {os.environ['HOME']}\\n")
                 time.sleep(300)
+            finally:
+                os._exit(0)
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+OK = False
+''')},
+    # The same daemon hidden as a zombie: its first thread exits (SYS_exit ends one thread)
+    # while another runs on, so /proc/<pid>/stat says "Z" (the red team's second round).
+    "daemon_thread": {"starter.py": _if('''
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            try:
+                import ctypes, threading
+                with open("{PIDFILE}", "a") as fh:
+                    fh.write(f"{os.getpid()}\\n")
+                threading.Thread(target=time.sleep, args=(300,)).start()
+                ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
             finally:
                 os._exit(0)
     finally:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grading_helpers import make_workbook, pagedlab  # noqa: E402
 from payloads import PAYLOADS, TODO  # noqa: E402
-from reference.grader.sandbox import IsolationError, _owner, ensure_worker_user  # noqa: E402
+from reference.grader.sandbox import IsolationError, ensure_worker_user  # noqa: E402
 
 try:
     ensure_worker_user()
@@ -165,6 +165,23 @@ def _guarded_file(top: Path, name: str) -> Path:
     return path
 
 
+def _runs(pid: int) -> bool:
+    """True while a thread of process ``pid`` is not a zombie (a process whose first thread
+    exited shows "Z" in its own stat while the others run on)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rpartition(")")[2].split()[0] != "Z":
+                    return True
+        except (OSError, IndexError):
+            pass
+    return False
+
+
 def _per_lab(tests: list[dict], key=lambda t: t["tags"] if "tags" in t else []) -> dict:
     scores: dict[str, float] = {}
     for test in tests:
@@ -202,9 +219,13 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     assert (root / "conftest.py").read_text() == conftest
     assert env_file.read_text() == "ORIGINAL\n"
     assert "startup_files" in res["output"] or "sitecustomize" in res["output"]
-    daemons = [int(p) for p in pidfile.read_text().split()]
+    lines = pidfile.read_text().splitlines()
+    homes = [line.split(" ", 1)[1] for line in lines if line.startswith("home ")]
+    assert homes and not [h for h in homes if os.path.exists(h)], \
+        f"worker homes outlived the grading (the next submission could read them): {homes}"
+    daemons = [int(line) for line in lines if line.isdigit()]
     assert daemons, "the daemon payload never started its daemon"
-    alive = [pid for pid in daemons if _owner(str(pid)) is not None]
+    alive = [pid for pid in daemons if _runs(pid)]
     assert not alive, f"daemons outlived the grading: {alive}"
 
 
