@@ -83,11 +83,11 @@ def _run_classroom_workflow(root: Path, tmp: Path) -> tuple[float, float]:
     steps = workflow["jobs"]["run-autograding-tests"]["steps"]
     outputs: dict[str, str] = {}
     for step in steps:
-        if not str(step.get("run", "")).startswith("pagedlab grade"):
+        if not str(step.get("run", "")).startswith("python -m reference.tools.cli grade"):
             continue
         out_file = tmp / f"github_output_{step['id']}"
-        # `pagedlab` here is this interpreter on the release's own code (python -m, from its root).
-        cmd = step["run"].replace("pagedlab", f"{sys.executable} -m reference.tools.cli", 1)
+        # `python` here is this interpreter, on the release's own code (from its root).
+        cmd = step["run"].replace("python", sys.executable, 1)
         env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "GITHUB_STEP_SUMMARY")}
         env["GITHUB_OUTPUT"] = str(out_file)
         subprocess.run(cmd, shell=True, cwd=root, env=env, capture_output=True, text=True)
@@ -238,3 +238,25 @@ def test_setup_sh_builds_the_environment_run_autograder_uses(bundle, release, tm
     assert "setup ok" in proc.stdout
     res = _run_autograder(root, python=None)  # the venv setup.sh made
     assert (res["score"], res["max_score"]) == (LAB1_PUBLIC_POINTS,) * 2
+
+
+def test_the_classroom_workflow_never_builds_the_checkout():
+    """The workflow installs the dependencies, never the student's checkout (`pip install .`
+    runs a setup.py there before any check: a red team's installed a pytest plugin into
+    site-packages and deleted itself), and every grading step runs the checkout's code with
+    `python -m` from its root. Every dependency of the project and its dev extra is installed."""
+    import yaml
+
+    from reference.grader.classroom import grading_dependencies, render_workflow
+
+    text = render_workflow({"lab01_block_manager": 63, "lab03_paged_attention_oracle": 75},
+                           python="3.11", torch_pin="torch==2.13.0", manifest_digest="0" * 16)
+    steps = yaml.safe_load(text)["jobs"]["run-autograding-tests"]["steps"]
+    runs = [str(s.get("run", "")) for s in steps]
+    install = "\n".join(r for r in runs if "pip install" in r)
+    assert not re.search(r"pip install[^\n]*(-e\b|\s\.(\s|$|\[)|\s\"\.)", install), install
+    for dep in grading_dependencies():
+        assert dep in install, f"{dep} is not installed by the workflow"
+    grading = [r for r in runs if " grade " in r]
+    assert len(grading) == 2 and all(r.startswith("python -m reference.tools.cli grade ")
+                                     for r in grading), grading

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 from fractions import Fraction
 from pathlib import Path
 
@@ -122,6 +123,17 @@ def reporter_total(encoded_results: dict[str, str]) -> tuple[float, float]:
     return round(total, 4), round(maximum, 4)
 
 
+def grading_dependencies() -> list[str]:
+    """The packages a grading runner installs (the project's and its ``dev`` extra's, torch
+    left out: the workflow takes its CPU build), read from this workbook's pyproject.toml."""
+    from reference.paths import REPO_ROOT, load_toml
+
+    project = load_toml((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return [d for d in wanted if not d.replace(" ", "").startswith(("torch>", "torch=", "torch<"))
+            and d.split(";")[0].strip() != "torch"]
+
+
 def render_workflow(lab_max: dict[str, float], *, python: str, torch_pin: str,
                     manifest_digest: str) -> str:
     """Renders the Classroom workflow: one grading step per lab, then the reporter.
@@ -142,14 +154,17 @@ def render_workflow(lab_max: dict[str, float], *, python: str, torch_pin: str,
             f"      - name: {lab} ({max_points:g} points)\n"
             f"        id: {rid}\n"
             f"        if: always()\n"
-            f"        run: pagedlab grade {lab} --classroom --manifest-digest {manifest_digest}"
+            f"        run: python -m reference.tools.cli grade {lab} --classroom "
+            f"--manifest-digest {manifest_digest}"
             f" --results results-{rid}.json --summary summary-{rid}.md\n"
         )
     env = "".join(f"          {runner_id(lab).upper()}_RESULTS: "
                   f"\"${{{{ steps.{runner_id(lab)}.outputs.result }}}}\"\n" for lab in lab_max)
     runners = ",".join(runner_id(lab) for lab in lab_max)
     text = TEMPLATE.read_text()
+    deps = " ".join(shlex.quote(d) for d in grading_dependencies())
     for key, value in {"@PYTHON@": python, "@TORCH@": torch_pin, "@STEPS@": "".join(steps),
+                       "@DEPS@": deps,
                        "@ENV@": env, "@RUNNERS@": runners}.items():
         text = text.replace(key, value)
     return text
