@@ -42,7 +42,7 @@ from reference.grader.results import TestResult, parse_points
 from reference.grader.sandbox import (HOMES_ENV, ISOLATED_ENV, ensure_worker_user, grading_lock,
                                       in_process_reason, kill_every_worker_process,
                                       kill_orphaned_worker_processes, make_homes_folder,
-                                      remove_homes_folder, remove_worker_files)
+                                      remove_homes_folder)
 from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -470,7 +470,6 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
                 # only orphans go.
                 if last_grading():
                     kill_every_worker_process(how)
-                    remove_worker_files(how)
                 kill_orphaned_worker_processes(how)
                 remove_homes_folder(homes, how)
         events += tail.poll(final=True)

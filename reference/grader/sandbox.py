@@ -274,42 +274,6 @@ def hold_grading_lock() -> None:
         _held_lock.append(fd)
 
 
-#: Shared folders any user may write to: what a worker leaves there is removed by the last
-#: grading (:func:`remove_worker_files`).
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-def remove_worker_files(how: str) -> None:
-    """Removes what the worker user left at the top of :data:`SHARED_TMP` (a file a submission
-    wrote for the next one to read). Called by the last grading, once no worker runs.
-
-    Args:
-        how: from :func:`ensure_worker_user` (``"sudo"``: removed through sudo).
-    """
-    try:
-        uid = pwd.getpwnam(WORKER_USER).pw_uid
-    except KeyError:
-        return
-    for top in SHARED_TMP:
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-            except OSError:
-                continue
-            if how == "sudo":
-                subprocess.run(["sudo", "-n", "rm", "-rf", "--", entry.path], capture_output=True)
-            elif entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-
-
 def kill_every_worker_process(how: str) -> None:
     """Kills every process of :data:`WORKER_USER` at once: ``kill(-1, SIGKILL)`` sent by a
     process of that user. The kernel signals them all while no process can fork, so a chain
