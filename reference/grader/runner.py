@@ -22,7 +22,6 @@ process to say how it went:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import re
@@ -39,10 +38,9 @@ from typing import Protocol
 from reference.grader.bytecode import python_argv
 from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
-from reference.grader.sandbox import (HOMES_ENV, ISOLATED_ENV, ensure_worker_user, grading_lock,
-                                      in_process_reason, kill_every_worker_process,
-                                      kill_orphaned_worker_processes, make_homes_folder,
-                                      remove_homes_folder)
+from reference.grader.sandbox import (HOMES_ENV, ISOLATED_ENV, ensure_worker_user,
+                                      in_process_reason, kill_orphaned_worker_processes,
+                                      make_homes_folder, remove_homes_folder)
 from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -421,8 +419,7 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
         child_env[HOMES_ENV] = str(homes)
     key = new_key()
     # NOTE: mkdtemp is private (0700) and unpredictable; the log is signed anyway.
-    lock = grading_lock() if isolated else contextlib.nullcontext(lambda: False)
-    with lock as last_grading, tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pagedlab-") as tmp:
         log, out_path = Path(tmp) / "log.jsonl", Path(tmp) / "output.txt"
         # Bytecode lives in a private, fresh folder: a committed __pycache__/*.pyc (an
         # "unchecked-hash" one is never compared with its source) is then never read.
@@ -464,12 +461,7 @@ def _run_child(args: list[str], *, lab, impl, env, only, extra_args, timeout_s, 
             if isolated:
                 # NOTE: and whatever student code left behind as the worker user (a daemon
                 # that double-forked): it must not meet the next phase or submission; nor
-                # must its homes (compiled kernels, anything it wrote there). The last
-                # isolated grading on the machine kills every worker-user process at once
-                # (a chain that keeps forking outruns the orphan scans); with others running,
-                # only orphans go.
-                if last_grading():
-                    kill_every_worker_process(how)
+                # must its homes (compiled kernels, anything it wrote there).
                 kill_orphaned_worker_processes(how)
                 remove_homes_folder(homes, how)
         events += tail.poll(final=True)

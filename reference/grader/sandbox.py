@@ -13,8 +13,6 @@ the platform has one; it is never required.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import pwd
 import shutil
@@ -256,67 +254,6 @@ def remove_homes_folder(path: Path, how: str) -> None:
         subprocess.run(["sudo", "-n", "rm", "-rf", "--", str(path)], capture_output=True)
 
 
-def _open_grading_lock() -> int:
-    path = Path(tempfile.gettempdir()) / f"pagedlab-grading-{os.getuid()}.lock"
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-
-
-_held_lock: list[int] = []
-
-
-def hold_grading_lock() -> None:
-    """Takes the machine's grading lock (shared) for the rest of this process: a process that
-    starts workers (a test process, through :func:`make_worker_home`) keeps the last grading
-    from killing every worker-user process while its workers run (:func:`grading_lock`)."""
-    if not _held_lock:
-        fd = _open_grading_lock()
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        _held_lock.append(fd)
-
-
-def kill_every_worker_process(how: str) -> None:
-    """Kills every process of :data:`WORKER_USER` at once: ``kill(-1, SIGKILL)`` sent by a
-    process of that user. The kernel signals them all while no process can fork, so a chain
-    that forks faster than /proc can be read (a red team's) cannot slip through, as it can
-    through :func:`kill_orphaned_worker_processes`'s scans.
-
-    Args:
-        how: from :func:`ensure_worker_user`.
-    """
-    code = "import os, signal; os.kill(-1, signal.SIGKILL)"
-    subprocess.run([*_switch(how), "env", "-i", sys.executable, "-S", "-c", code],
-                   capture_output=True, cwd="/", **_popen_user(how))
-
-
-@contextlib.contextmanager
-def grading_lock():
-    """Held (shared) while a test process of an isolated grading runs; on the way out, the
-    last grading on the machine (the lock then taken exclusively) kills every process of the
-    worker user (:func:`kill_every_worker_process`), the others only its orphans.
-
-    Yields:
-        A function ``last()``: True when no other isolated grading runs now (call it after
-        the test process ended; it keeps the lock exclusive until the block ends).
-
-    NOTE: the lock file is the grader's, mode 0600: the worker user cannot open it, so
-    student code can neither hold it nor make a grading think it is not the last.
-    """
-    fd = _open_grading_lock()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-
-        def last() -> bool:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                return False
-
-        yield last
-    finally:
-        os.close(fd)
-
-
 def kill_orphaned_worker_processes(how: str) -> None:
     """Kills :func:`orphaned_worker_processes` (again while new orphans appear).
 
@@ -410,7 +347,6 @@ HOMES_ENV = "PAGEDLAB_WORKER_HOMES"
 def make_worker_home() -> Path:
     """Returns a fresh private folder owned by the worker user (its HOME and TMPDIR), inside
     the grader's folder for this test process (:data:`HOMES_ENV`) when there is one."""
-    hold_grading_lock()
     parent = os.environ.get(HOMES_ENV) or None
     home = Path(tempfile.mkdtemp(prefix="pagedlab-worker-", dir=parent))
     if _is_root():
