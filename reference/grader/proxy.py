@@ -541,8 +541,9 @@ def _device_state() -> tuple:
     """The test process's emulated-device state, as the worker's DEVICE_ENV variables."""
     emulate = sys.modules.get("reference.emulate")
     if emulate is None:
-        on = os.environ.get("PAGEDLAB_DEVICE", "").strip().lower() == "emulate"
-        return ("emulate", None) if on else (None, None)
+        from reference.gpu import emulation_requested
+
+        return ("emulate", None) if emulation_requested() else (None, None)
     if not emulate.emulating():
         return None, None
     major, minor = emulate.capability()

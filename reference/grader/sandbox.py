@@ -181,8 +181,18 @@ def kill_worker_processes(how: str) -> None:
         how: from :func:`ensure_worker_user` (``"root"`` kills directly, ``"sudo"`` through sudo).
     """
     uid = pwd.getpwnam(WORKER_USER).pw_uid
+    _kill_until_gone(lambda: [int(d) for d in os.listdir("/proc")
+                              if d.isdigit() and _owner(d) == uid], how, "processes")
+
+
+def _kill_until_gone(find, how: str, what: str) -> None:
+    """SIGKILLs the pids ``find()`` returns until it returns none (50 rounds at most).
+
+    Raises:
+        IsolationError: some still live after 50 rounds.
+    """
     for _ in range(50):
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit() and _owner(d) == uid]
+        pids = find()
         if not pids:
             return
         if how == "root":
@@ -194,7 +204,7 @@ def kill_worker_processes(how: str) -> None:
         else:
             subprocess.run(["sudo", "-n", "kill", "-KILL", *map(str, pids)], capture_output=True)
         time.sleep(0.1)
-    raise IsolationError(f"processes of {WORKER_USER!r} survive SIGKILL")
+    raise IsolationError(f"{what} of {WORKER_USER!r} survive SIGKILL")
 
 
 def _parent(pid: int) -> int | None:
@@ -263,20 +273,7 @@ def kill_orphaned_worker_processes(how: str) -> None:
     Args:
         how: from :func:`ensure_worker_user` (``"root"`` kills directly, ``"sudo"`` through sudo).
     """
-    for _ in range(50):
-        pids = orphaned_worker_processes()
-        if not pids:
-            return
-        if how == "root":
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        else:
-            subprocess.run(["sudo", "-n", "kill", "-KILL", *map(str, pids)], capture_output=True)
-        time.sleep(0.1)
-    raise IsolationError(f"orphaned processes of {WORKER_USER!r} survive SIGKILL")
+    _kill_until_gone(orphaned_worker_processes, how, "orphaned processes")
 
 
 def kill_process_group(pgid: int, how: str | None) -> None:

@@ -51,6 +51,27 @@ def area(w, h):
 '''.replace("\n    " + body, "\n        " + "\n        ".join(condition_code.strip().splitlines()))
 
 
+def _daemon(body: str) -> str:
+    """A starter that leaves a daemon behind (double fork, new session) running ``body``; the
+    call itself scores nothing."""
+    inner = "\n".join(" " * 16 + line for line in body.strip().splitlines())
+    return _if(f"""
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            try:
+{inner}
+            finally:
+                os._exit(0)
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+OK = False
+""")
+
+
 PAYLOADS: dict[str, dict[str, str]] = {
     # A pytest hook registered from student code that turns every report into "passed".
     "hook": {"starter.py": FLIP_HOOK + _if("OK = HOOKED")},
@@ -149,43 +170,19 @@ OK = True
     # watch the next submission's worker on the same machine (a red team, 2026-11-30). It
     # writes its pid and its worker's home (which holds the compiled kernels) to {PIDFILE};
     # the local test checks that both are gone after the grade.
-    "daemon": {"starter.py": _if('''
-pid = os.fork()
-if pid == 0:
-    try:
-        os.setsid()
-        if os.fork() == 0:
-            try:
-                with open("{PIDFILE}", "a") as fh:
-                    fh.write(f"{os.getpid()}\\nhome {os.environ['HOME']}\\n")
-                time.sleep(300)
-            finally:
-                os._exit(0)
-    finally:
-        os._exit(0)
-os.waitpid(pid, 0)
-OK = False
+    "daemon": {"starter.py": _daemon('''
+with open("{PIDFILE}", "a") as fh:
+    fh.write(f"{os.getpid()}\\nhome {os.environ['HOME']}\\n")
+time.sleep(300)
 ''')},
     # The same daemon hidden as a zombie: its first thread exits (SYS_exit ends one thread)
     # while another runs on, so /proc/<pid>/stat says "Z" (the red team's second round).
-    "daemon_thread": {"starter.py": _if('''
-pid = os.fork()
-if pid == 0:
-    try:
-        os.setsid()
-        if os.fork() == 0:
-            try:
-                import ctypes, threading
-                with open("{PIDFILE}", "a") as fh:
-                    fh.write(f"{os.getpid()}\\n")
-                threading.Thread(target=time.sleep, args=(300,)).start()
-                ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
-            finally:
-                os._exit(0)
-    finally:
-        os._exit(0)
-os.waitpid(pid, 0)
-OK = False
+    "daemon_thread": {"starter.py": _daemon('''
+import ctypes, threading
+with open("{PIDFILE}", "a") as fh:
+    fh.write(f"{os.getpid()}\\n")
+threading.Thread(target=time.sleep, args=(300,)).start()
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
 ''')},
     # Fork: a child outliving the call tries to tamper later.
     "fork": {"starter.py": _if('''

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grading_helpers import make_workbook, pagedlab  # noqa: E402
 from payloads import PAYLOADS, TODO  # noqa: E402
-from reference.grader.sandbox import IsolationError, ensure_worker_user  # noqa: E402
+from reference.grader.sandbox import (IsolationError, _any_live_thread,  # noqa: E402
+                                      ensure_worker_user)
 
 try:
     ensure_worker_user()
@@ -165,23 +166,6 @@ def _guarded_file(top: Path, name: str) -> Path:
     return path
 
 
-def _runs(pid: int) -> bool:
-    """True while a thread of process ``pid`` is not a zombie (a process whose first thread
-    exited shows "Z" in its own stat while the others run on)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                if fh.read().rpartition(")")[2].split()[0] != "Z":
-                    return True
-        except (OSError, IndexError):
-            pass
-    return False
-
-
 def _per_lab(tests: list[dict], key=lambda t: t["tags"] if "tags" in t else []) -> dict:
     scores: dict[str, float] = {}
     for test in tests:
@@ -225,7 +209,7 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
         f"worker homes outlived the grading (the next submission could read them): {homes}"
     daemons = [int(line) for line in lines if line.isdigit()]
     assert daemons, "the daemon payload never started its daemon"
-    alive = [pid for pid in daemons if _runs(pid)]
+    alive = [pid for pid in daemons if _any_live_thread(str(pid))]
     assert not alive, f"daemons outlived the grading: {alive}"
 
 
