@@ -83,6 +83,33 @@ def test_lab_test_without_points_stops_the_run(tmp_path):
     assert "needs exactly one @pytest.mark.points" in proc.stderr
 
 
+def test_first_failure_skips_the_later_cases_of_a_failed_test_only(tmp_path):
+    """``--pagedlab-first-failure`` (the mutant check's): once a case fails in its body, that
+    test function's later cases are skipped, saying why; every other function runs in full."""
+    lab = tmp_path / "labs" / "lab99_tmp"
+    lab.mkdir(parents=True)
+    (lab / "test_lab99_cases.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.points(1)\n@pytest.mark.parametrize('i', range(4))\n"
+        "def test_cases(i):\n    assert i not in (1, 3)\n\n"
+        "@pytest.mark.points(1)\n@pytest.mark.parametrize('i', range(3))\n"
+        "def test_other(i):\n    assert i != 2\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "reference.grader.grading", "-v",
+                           "-rs", "-p", "no:cacheprovider", "--pagedlab-first-failure", str(lab)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    outcomes = {}
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if words and "::" in words[0] and len(words) > 1:
+            outcomes[words[0].split("::")[1]] = words[1]
+    assert outcomes == {"test_cases[0]": "PASSED", "test_cases[1]": "FAILED",
+                        "test_cases[2]": "SKIPPED", "test_cases[3]": "SKIPPED",
+                        "test_other[0]": "PASSED", "test_other[1]": "PASSED",
+                        "test_other[2]": "FAILED"}, proc.stdout
+    assert "an earlier case of this test failed" in proc.stdout
+
+
 @pytest.mark.slow
 def test_readme_grade_command_scores_every_starter_zero(tmp_path):
     """The README's main job, `LAB_IMPL=starter pagedlab grade`, grades every lab: each one is in

@@ -199,6 +199,28 @@ def client(monkeypatch):
 
 
 @needs_worker
+def test_the_worker_is_process_1_of_its_own_pid_namespace_where_it_can_be(client):
+    """As root with no GPU visible (CI), the worker runs as process 1 of a PID namespace of its
+    own, as the worker user with no supplementary groups, so whatever it leaves running dies
+    with it; elsewhere it runs without one (the grade's notes say so)."""
+    from reference.grader.sandbox import WORKER_USER, pid_namespace_works
+    import pwd
+
+    children = Path(f"/proc/{client.proc.pid}/task/{client.proc.pid}/children").read_text().split()
+    worker = children[0] if children else str(client.proc.pid)
+    status = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{worker}/status").read_text().splitlines() if ":" in line)
+    assert int(status["Uid"].split()[0]) == pwd.getpwnam(WORKER_USER).pw_uid
+    assert status["Groups"].split() in ([], [str(pwd.getpwnam(WORKER_USER).pw_gid)])
+    ns_pids = status["NSpid"].split()
+    if pid_namespace_works():
+        assert len(ns_pids) == 2 and ns_pids[1] == "1", \
+            f"the worker is not process 1 of a namespace of its own: NSpid {ns_pids}"
+    else:
+        assert len(ns_pids) == 1
+
+
+@needs_worker
 def test_attribute_reads_see_every_change_a_call_made(client):
     """A block's ref_count read after ``take`` is the new value: snapshots die with each call."""
     manager = client.module.Manager(4)

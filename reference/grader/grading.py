@@ -10,6 +10,9 @@ Loaded by the root ``conftest.py``. It
   ``pagedlab check`` read, so grading never parses terminal output);
 * ``--pagedlab-only name1,name2`` keeps only tests with those function names (the mutant check
   runs just the tests a mutant is declared to be caught by);
+* ``--pagedlab-first-failure`` skips a test function's later cases once one failed in its
+  body (the mutant check: a mutant is caught by a test when any case fails; the rest would
+  only cost time, minutes of emulated kernels in CI);
 * ``--pagedlab-log PATH`` appends signed events as the run goes (the tests collected, each
   test's start and result, the end of the session): what :mod:`reference.grader.runner` grades from,
   so a test process that dies mid-run still leaves a usable, checkable record
@@ -46,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--pagedlab-log", default=None,
                     help="append signed grading events here as the run goes (for the grader)")
+    group.addoption("--pagedlab-first-failure", action="store_true",
+                    help="skip a test function's later cases once one of its cases failed "
+                         "(the mutant check needs one failure per test, not all of them)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _prestart_worker(config.args)
     config._pagedlab_records = {}  # nodeid -> TestResult
     config._pagedlab_called = set()  # nodeids whose test body ran and passed its call phase
+    config._pagedlab_failed_functions = set()  # (path, function) with a case failed in its body
     log_path = config.getoption("--pagedlab-log")
     if log_path:
         # Take the key now: no student code has been imported yet (impl loads in a fixture).
@@ -216,10 +223,23 @@ def _short_message(report: pytest.TestReport) -> str:
 XDIST_PROPERTY = "pagedlab_test"
 
 
+def _function_key(item: pytest.Item) -> tuple[str, str]:
+    return str(item.path), getattr(item, "originalname", item.name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.config.getoption("--pagedlab-first-failure") \
+            and _function_key(item) in item.config._pagedlab_failed_functions:
+        pytest.skip("--pagedlab-first-failure: an earlier case of this test failed")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     outcome = yield
     report = outcome.get_result()
+    if call.when == "call" and report.failed:
+        item.config._pagedlab_failed_functions.add(_function_key(item))
     rec = item.config._pagedlab_records.get(item.nodeid)
     if rec is not None and call.when == "setup":
         # NOTE: under pytest-xdist the controller never collects; it learns each test's points

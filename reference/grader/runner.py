@@ -40,7 +40,8 @@ from reference.grader.hidden import hidden_dirs
 from reference.grader.results import TestResult, parse_points
 from reference.grader.sandbox import (HOMES_ENV, ISOLATED_ENV, ensure_worker_user,
                                       in_process_reason, kill_orphaned_worker_processes,
-                                      make_homes_folder, remove_homes_folder)
+                                      make_homes_folder, pid_namespace_works,
+                                      remove_homes_folder)
 from reference.grader.shared import CUDA_ENV
 from reference.paths import LABS_DIR, REPO_ROOT, is_hidden_path, lab_names
 from reference.grader.signed_log import KEY_FD_ENV, LogTail, key_pipe, new_key
@@ -144,6 +145,11 @@ def run_lab_tests(
         # NOTE: CUDA_ENV: one allocation per tensor, so CUDA IPC hands the worker only the
         # tensors a test passes it (see reference.grader.shared).
         env = {**(env or {}), ISOLATED_ENV: ensure_worker_user(), **CUDA_ENV}
+        if not pid_namespace_works():
+            notes.append("workers ran without PID namespaces of their own (the grader is not "
+                         "root, the container forbids unshare, or a CUDA GPU is visible): a "
+                         "process student code left running was stopped only by the orphan "
+                         "sweep after each test process")
         timeout_s *= ISOLATED_TIMEOUT_FACTOR
         if test_timeout_s:
             test_timeout_s *= ISOLATED_TIMEOUT_FACTOR

@@ -7,8 +7,10 @@ when missing, as on Gradescope and CI runners); with passwordless ``sudo`` it go
 ``sudo -n -u``. Otherwise isolated grading is refused, saying why (:class:`IsolationError`):
 a worker running as the grader's own user could still signal, trace or overwrite the grader.
 
-NOTE: the user switch is the boundary. A namespace sandbox (bubblewrap) would add to it where
-the platform has one; it is never required.
+NOTE: the user switch is the boundary. As root, where the kernel allows it, each worker also
+runs in a PID namespace of its own (:func:`pid_namespace_works`): whatever it leaves running
+dies with it. A fuller namespace sandbox (bubblewrap) would add more where the platform has
+one; neither is required.
 """
 
 from __future__ import annotations
@@ -325,14 +327,55 @@ def _any_live_thread(pid: str) -> bool:
 
 
 def _switch(how: str) -> list[str]:
-    return ["sudo", "-n", "-u", WORKER_USER, "--"] if how == "sudo" else []
+    """The command prefix that runs what follows as :data:`WORKER_USER`."""
+    if how == "sudo":
+        return ["sudo", "-n", "-u", WORKER_USER, "--"]
+    if how == "root" and pid_namespace_works():
+        entry = pwd.getpwnam(WORKER_USER)
+        # NOTE: unshare runs as root, makes the namespace, forks its first process and only
+        # there switches to the worker (no supplementary groups left); --kill-child: killing
+        # unshare (a timeout, the proxy's kill) kills that process, and with it the namespace.
+        return [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
+                f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}", "--"]
+    return []
 
 
 def _popen_user(how: str) -> dict:
-    if how != "root":
+    if how != "root" or pid_namespace_works():  # NOTE: unshare switches the user itself
         return {}
     entry = pwd.getpwnam(WORKER_USER)
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+_pid_namespace: bool | None = None  # pid_namespace_works()'s answer, asked once per process
+
+
+def pid_namespace_works() -> bool:
+    """True when this (root) process can start workers in PID namespaces of their own.
+
+    A worker is then process 1 of its namespace: when it exits or is killed, the kernel kills
+    every process left in the namespace at once, however fast they fork (a red team's fork
+    chain outran the orphan scans, :func:`kill_orphaned_worker_processes`), and nothing in it
+    can signal a process outside it, another grading's worker included. Needs root and
+    ``unshare`` (util-linux); a container without ``CAP_SYS_ADMIN`` refuses it, and then
+    workers run without a namespace (the orphan sweep alone).
+
+    NOTE: never where torch sees a CUDA GPU. CUDA tensors cross to the worker by CUDA IPC,
+    and ``cudaIpcOpenMemHandle`` in a process of another PID namespace fails with
+    ``cudaErrorOperatingSystem`` (H200, driver 580, 2026-11-30); Labs 4-5 graded isolated
+    then hung until their time limit.
+    """
+    global _pid_namespace
+    if _pid_namespace is None:
+        _pid_namespace = False
+        if _is_root() and shutil.which("unshare") and not _cuda_visible():
+            try:
+                _pid_namespace = subprocess.run(
+                    [shutil.which("unshare"), "--pid", "--fork", "--kill-child", "--", "true"],
+                    capture_output=True, timeout=30).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+    return _pid_namespace
 
 
 #: Set by the grader for a test process: the folder its workers' homes go in, removed with

@@ -111,8 +111,11 @@ def _check_one(mutant: Mutant, isolated: bool = False) -> tuple[Mutant, str | No
         except MutantSpecError as exc:
             return mutant, str(exc)
         try:
+            # NOTE: one failing case per test is enough here (not for signatures, which list
+            # every failing test): later cases of a test that already failed are skipped.
             run = run_lab_tests([mutant.lab], env={MUTANT_DIR_ENV: str(folder)},
-                                only=tests, timeout_s=900, isolated=isolated)
+                                only=tests, timeout_s=900, isolated=isolated,
+                                extra_args=["--pagedlab-first-failure"])
         except GradingRunError as exc:
             return mutant, f"test run broke: {exc}"
     by_name: dict[str, list[TestResult]] = {}

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -211,6 +212,10 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     assert daemons, "the daemon payload never started its daemon"
     alive = [pid for pid in daemons if _any_live_thread(str(pid))]
     assert not alive, f"daemons outlived the grading: {alive}"
+    assert any(line.startswith("chain ") for line in lines), "the fork chain never started"
+    time.sleep(1.0)  # NOTE: a live chain appends a heartbeat every 10 ms
+    grown = pidfile.read_text().splitlines()[len(lines):]
+    assert not grown, f"the fork chain outlived the grading (still beating: {grown[-3:]})"
 
 
 def test_every_attack_scores_zero_on_the_classroom_path(world):
