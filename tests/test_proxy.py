@@ -202,7 +202,7 @@ def client(monkeypatch):
 def test_the_worker_is_process_1_of_its_own_pid_namespace_where_it_can_be(client):
     """As root with no GPU visible (CI), the worker runs as process 1 of a PID namespace of its
     own, as the worker user with no supplementary groups, so whatever it leaves running dies
-    with it; elsewhere it runs without one (the grade's notes say so)."""
+    with it; elsewhere it runs without one (the grader says so on standard error)."""
     from reference.grader.sandbox import WORKER_USER, pid_namespace_works
     import pwd
 
