@@ -4,6 +4,7 @@ concurrent calls really run concurrently in the worker."""
 
 from __future__ import annotations
 
+import os
 import stat
 import tempfile
 import textwrap
@@ -201,8 +202,9 @@ def client(monkeypatch):
 @needs_worker
 def test_the_worker_is_process_1_of_its_own_pid_namespace_where_it_can_be(client):
     """As root with no GPU visible (CI), the worker runs as process 1 of a PID namespace of its
-    own, as the worker user with no supplementary groups, so whatever it leaves running dies
-    with it; elsewhere it runs without one (the grader says so on standard error)."""
+    own, with a /proc that shows only that namespace, as the worker user with no supplementary
+    groups, so whatever it leaves running dies with it; elsewhere it runs without one (the
+    grader says so on standard error)."""
     from reference.grader.sandbox import WORKER_USER, pid_namespace_works
     import pwd
 
@@ -216,6 +218,10 @@ def test_the_worker_is_process_1_of_its_own_pid_namespace_where_it_can_be(client
     if pid_namespace_works():
         assert len(ns_pids) == 2 and ns_pids[1] == "1", \
             f"the worker is not process 1 of a namespace of its own: NSpid {ns_pids}"
+        # /proc/<pid>/root is the worker's own view of the file system: its /proc lists only
+        # its namespace (another grading's worker, same user, is out of its reach there)
+        seen = sorted(d for d in os.listdir(f"/proc/{worker}/root/proc") if d.isdigit())
+        assert seen == ["1"], f"the worker's /proc shows processes outside it: {seen[:10]}"
     else:
         assert len(ns_pids) == 1
 

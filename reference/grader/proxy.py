@@ -49,7 +49,8 @@ import msgpack
 from reference import errors as reference_errors
 from reference.grader.codec import Codec, is_compact, storage_bytes
 from reference.grader.sandbox import (DEVICE_ENV, FORWARDED_ENV, ISOLATED_ENV, WORKER_USER,
-                                      ensure_worker_user, make_worker_home, worker_command)
+                                      ensure_worker_user, make_worker_home,
+                                      namespace_worker_pid, worker_command, worker_in_namespace)
 from reference.grader.shared import TrustedShared
 from reference.grader.worker import (FLAG_CONCURRENT, STATUS_RETIRED, PendingReply, FrameReader,
                                      _describe_exception, frame_header, write_all)
@@ -226,7 +227,10 @@ class WorkerClient:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=REPO_ROOT, **extra)
         self._out_fd, self._in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        self._shared = TrustedShared(pwd.getpwnam(WORKER_USER).pw_uid)
+        self._worker_pid: int | None = None
+        self._shared = TrustedShared(pwd.getpwnam(WORKER_USER).pw_uid,
+                                     self._namespace_worker_pid
+                                     if worker_in_namespace(how) else None)
         self._codec = Codec(self._to_handle, self._from_handle,
                             self._shared.reference if self._shared.enabled else None,
                             self._shared.view if self._shared.enabled else None)
@@ -527,6 +531,12 @@ class WorkerClient:
             self.proc.wait(timeout=RETIRE_WAIT_S)
         except subprocess.TimeoutExpired:
             self.kill(self.dead)
+
+    def _namespace_worker_pid(self) -> int | None:
+        """The worker's pid as this process's /proc names it (the child of ``unshare``)."""
+        if self._worker_pid is None:
+            self._worker_pid = namespace_worker_pid(self.proc.pid)
+        return self._worker_pid
 
     def kill(self, why: str = "stopped") -> None:
         """Kills the worker; pending and later calls fail with :class:`WorkerDiedError`."""

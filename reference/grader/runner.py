@@ -149,9 +149,9 @@ def run_lab_tests(
             # NOTE: for the instructor's log, not the students' notes: one container per
             # submission (Gradescope) makes it moot, and it would only tell an attacker more.
             print("pagedlab: workers run without PID namespaces of their own (the grader is "
-                  "not root, the container forbids unshare, or a CUDA GPU is visible): what "
-                  "student code leaves running is stopped only by the orphan sweep after each "
-                  "test process", file=sys.stderr)
+                  "not root, the container forbids unshare, or the machine has an NVIDIA "
+                  "GPU): what student code leaves running is stopped only by the orphan sweep "
+                  "after each test process", file=sys.stderr)
         timeout_s *= ISOLATED_TIMEOUT_FACTOR
         if test_timeout_s:
             test_timeout_s *= ISOLATED_TIMEOUT_FACTOR

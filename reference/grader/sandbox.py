@@ -71,6 +71,16 @@ def in_process_reason(lab: str) -> str | None:
     return None
 
 
+def _nvidia_device_present() -> bool:
+    """True when this machine has an NVIDIA device node (a GPU CUDA could use).
+
+    NOTE: not ``torch.cuda.is_available()``: importing torch costs a test process that never
+    needs it (Lab 3's) seconds, and every isolated test process asks.
+    """
+    return os.path.exists("/dev/nvidiactl") or any(
+        name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
+
+
 def _cuda_visible() -> bool:
     try:
         import torch
@@ -330,18 +340,20 @@ def _switch(how: str) -> list[str]:
     """The command prefix that runs what follows as :data:`WORKER_USER`."""
     if how == "sudo":
         return ["sudo", "-n", "-u", WORKER_USER, "--"]
-    if how == "root" and pid_namespace_works():
+    if worker_in_namespace(how):
         entry = pwd.getpwnam(WORKER_USER)
         # NOTE: unshare runs as root, makes the namespace, forks its first process and only
         # there switches to the worker (no supplementary groups left); --kill-child: killing
         # unshare (a timeout, the proxy's kill) kills that process, and with it the namespace.
+        # --mount-proc: the worker's /proc shows its namespace only, so it cannot open another
+        # grading's worker (same user) through /proc/<pid>/mem, nor read anyone's command line.
         return [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
-                f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}", "--"]
+                "--mount-proc", f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}", "--"]
     return []
 
 
 def _popen_user(how: str) -> dict:
-    if how != "root" or pid_namespace_works():  # NOTE: unshare switches the user itself
+    if how != "root" or worker_in_namespace(how):  # NOTE: unshare switches the user itself
         return {}
     entry = pwd.getpwnam(WORKER_USER)
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
@@ -356,11 +368,12 @@ def pid_namespace_works() -> bool:
     A worker is then process 1 of its namespace: when it exits or is killed, the kernel kills
     every process left in the namespace at once, however fast they fork (a red team's fork
     chain outran the orphan scans, :func:`kill_orphaned_worker_processes`), and nothing in it
-    can signal a process outside it, another grading's worker included. Needs root and
+    can signal a process outside it, another grading's worker included; its ``/proc`` shows
+    only its own namespace (``/proc/<pid>/mem`` of another worker is out of reach). Needs root and
     ``unshare`` (util-linux); a container without ``CAP_SYS_ADMIN`` refuses it, and then
     workers run without a namespace (the orphan sweep alone).
 
-    NOTE: never where torch sees a CUDA GPU. CUDA tensors cross to the worker by CUDA IPC,
+    NOTE: never on a machine with an NVIDIA GPU. CUDA tensors cross to the worker by CUDA IPC,
     and ``cudaIpcOpenMemHandle`` in a process of another PID namespace fails with
     ``cudaErrorOperatingSystem`` (H200, driver 580, 2026-11-30); Labs 4-5 graded isolated
     then hung until their time limit.
@@ -368,14 +381,31 @@ def pid_namespace_works() -> bool:
     global _pid_namespace
     if _pid_namespace is None:
         _pid_namespace = False
-        if _is_root() and shutil.which("unshare") and not _cuda_visible():
+        if _is_root() and shutil.which("unshare") and not _nvidia_device_present():
             try:
                 _pid_namespace = subprocess.run(
-                    [shutil.which("unshare"), "--pid", "--fork", "--kill-child", "--", "true"],
+                    [shutil.which("unshare"), "--pid", "--fork", "--kill-child", "--mount-proc",
+                     "--", "true"],
                     capture_output=True, timeout=30).returncode == 0
             except (OSError, subprocess.TimeoutExpired):
                 pass
     return _pid_namespace
+
+
+def namespace_worker_pid(unshare_pid: int) -> int | None:
+    """The pid (as this process's ``/proc`` names it) of the worker that ``unshare`` started:
+    its only child; None while it has none."""
+    try:
+        with open(f"/proc/{unshare_pid}/task/{unshare_pid}/children") as fh:
+            children = fh.read().split()
+    except OSError:
+        children = [d for d in os.listdir("/proc") if d.isdigit() and _parent(int(d)) == unshare_pid]
+    return int(children[0]) if len(children) == 1 else None
+
+
+def worker_in_namespace(how: str) -> bool:
+    """True when workers started with ``how`` run in PID namespaces of their own."""
+    return how == "root" and pid_namespace_works()
 
 
 #: Set by the grader for a test process: the folder its workers' homes go in, removed with

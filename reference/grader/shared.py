@@ -14,7 +14,8 @@ Why a memfd, and the checks on the trusted side (the worker is not trusted):
 * It holds data only: the trusted side maps bytes, never loads anything from it.
 * The worker creates it and seals it against shrinking (``F_SEAL_SHRINK``): a file cut short
   under a mapping would crash the grader (``SIGBUS``) when a test reads past the new end.
-* The trusted side opens it as ``/proc/<worker pid>/fd/<n>``, and only after ``stat`` says the
+* The trusted side opens it as ``/proc/<worker pid>/fd/<n>`` (a worker in a PID namespace of
+  its own names itself 1; the trusted side then uses the pid it knows), and only after ``stat`` says the
   process and the file belong to the worker's user and the file is a regular one: anything
   that passes is a file the worker could write anyway. The opened file must be the one
   stat'ed (same inode), sealed against shrinking, and as large as the worker says.
@@ -244,7 +245,7 @@ class WorkerShared:
                 return None  # NOTE: e.g. an inference tensor: it crosses as a copy
         token = entry[0]
         fd, nbytes = self._fds[token]
-        return [token, _proc_pid(), fd, nbytes, *_view_payload(token, t)[1:]]
+        return [token, os.getpid(), fd, nbytes, *_view_payload(token, t)[1:]]
 
     def is_shared(self, t) -> bool:
         """True when ``t``'s storage is shared (writes need no copy-back)."""
@@ -393,10 +394,14 @@ class TrustedShared:
 
     Args:
         worker_uid: the worker's user: only its processes' files are mapped.
+        worker_pid: where the worker runs in a PID namespace of its own, returns its pid as
+            this process's ``/proc`` names it (the pid a payload carries is the worker's own
+            view, 1 there, and is then ignored).
     """
 
-    def __init__(self, worker_uid: int) -> None:
+    def __init__(self, worker_uid: int, worker_pid=None) -> None:
         self._uid = worker_uid
+        self._worker_pid = worker_pid
         self._by_token: dict[str, Any] = {}
         self._by_ptr: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -436,6 +441,10 @@ class TrustedShared:
         with self._lock:
             base = self._by_token.get(token)
             if base is None:
+                if self._worker_pid is not None:
+                    pid = self._worker_pid()
+                    if pid is None:
+                        raise TypeError("the worker's process is gone")
                 base = self._map(pid, fd, nbytes)
                 self._by_token[token] = base
                 self._by_ptr[base.untyped_storage().data_ptr()] = token
@@ -474,18 +483,6 @@ class TrustedShared:
             raise TypeError(f"a shared tensor's file cannot be mapped: {exc}") from None
         finally:
             os.close(handle)
-
-
-def _proc_pid() -> int:
-    """This process's pid as ``/proc`` names it, which the trusted side opens.
-
-    NOTE: a worker in a PID namespace of its own (``sandbox.pid_namespace_works``) is process 1
-    there, while ``/proc`` is still the grader's, which names it by its outer pid.
-    """
-    try:
-        return int(os.readlink("/proc/self"))
-    except (OSError, ValueError):
-        return os.getpid()
 
 
 def _int_list(values: Any) -> bool:

@@ -147,6 +147,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 ppid = os.getppid()
 if ppid == 0:  # NOTE: a PID namespace's first process: its parent, named as /proc names it
     ppid = int(open("/proc/self/stat").read().rpartition(")")[2].split()[1])
+if ppid == 0:  # a /proc of its own namespace: the parent cannot be named at all
+    raise PermissionError("the parent is outside this PID namespace and its /proc")
 OK = libc.ptrace(16, ppid, None, None) == 0
 ''')},
     # Signal the trusted process (signal 0: only asks whether it would be allowed).
@@ -154,6 +156,8 @@ OK = libc.ptrace(16, ppid, None, None) == 0
 ppid = os.getppid()
 if ppid == 0:  # NOTE: a PID namespace's first process: its parent, named as /proc names it
     ppid = int(open("/proc/self/stat").read().rpartition(")")[2].split()[1])
+if ppid == 0:  # a /proc of its own namespace: the parent cannot be named at all
+    raise PermissionError("the parent is outside this PID namespace and its /proc")
 os.kill(ppid, 0)
 OK = True
 ''')},
@@ -174,20 +178,30 @@ OK = True
 ''')},
     # A daemon (double fork, new session) left running after the grading: it could kill or
     # watch the next submission's worker on the same machine (a red team, 2026-11-30). It
-    # writes its pid and its worker's home (which holds the compiled kernels) to {PIDFILE};
-    # the local test checks that both are gone after the grade.
+    # writes its worker's home (which holds the compiled kernels) to {PIDFILE}, then a
+    # heartbeat line every 0.2 s; the local test checks that the home is gone and the beats
+    # stop. NOTE: beats, not a pid: in a PID namespace with its own /proc a process cannot
+    # learn the pid the grader's /proc gives it.
     "daemon": {"starter.py": _daemon('''
 with open("{PIDFILE}", "a") as fh:
-    fh.write(f"{os.readlink('/proc/self')}\\nhome {os.environ['HOME']}\\n")
-time.sleep(300)
+    fh.write(f"home {os.environ['HOME']}\\n")
+end = time.time() + 300
+while time.time() < end:
+    with open("{PIDFILE}", "a") as fh:
+        fh.write("beat daemon\\n")
+    time.sleep(0.2)
 ''')},
     # The same daemon hidden as a zombie: its first thread exits (SYS_exit ends one thread)
-    # while another runs on, so /proc/<pid>/stat says "Z" (the red team's second round).
+    # while another beats on, so /proc/<pid>/stat says "Z" (the red team's second round).
     "daemon_thread": {"starter.py": _daemon('''
 import ctypes, threading
-with open("{PIDFILE}", "a") as fh:
-    fh.write(f"{os.readlink('/proc/self')}\\n")
-threading.Thread(target=time.sleep, args=(300,)).start()
+def beat():
+    end = time.time() + 300
+    while time.time() < end:
+        with open("{PIDFILE}", "a") as fh:
+            fh.write("beat daemon_thread\\n")
+        time.sleep(0.2)
+threading.Thread(target=beat).start()
 ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
 ''')},
     # A chain: each member appends a heartbeat, forks and exits, faster than /proc can be
@@ -198,7 +212,7 @@ ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
 end = time.time() + 120
 while time.time() < end:
     with open("{PIDFILE}", "a") as fh:
-        fh.write(f"chain {os.readlink('/proc/self')}\\n")
+        fh.write(f"chain {os.getpid()}\\n")
     time.sleep(0.01)
     if os.fork() != 0:
         os._exit(0)

@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grading_helpers import make_workbook, pagedlab  # noqa: E402
 from payloads import PAYLOADS, TODO  # noqa: E402
-from reference.grader.sandbox import (IsolationError, _any_live_thread,  # noqa: E402
-                                      ensure_worker_user)
+from reference.grader.sandbox import IsolationError, ensure_worker_user  # noqa: E402
 
 try:
     ensure_worker_user()
@@ -208,14 +207,13 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     homes = [line.split(" ", 1)[1] for line in lines if line.startswith("home ")]
     assert homes and not [h for h in homes if os.path.exists(h)], \
         f"worker homes outlived the grading (the next submission could read them): {homes}"
-    daemons = [int(line) for line in lines if line.isdigit()]
-    assert daemons, "the daemon payload never started its daemon"
-    alive = [pid for pid in daemons if _any_live_thread(str(pid))]
-    assert not alive, f"daemons outlived the grading: {alive}"
-    assert any(line.startswith("chain ") for line in lines), "the fork chain never started"
-    time.sleep(1.0)  # NOTE: a live chain appends a heartbeat every 10 ms
+    for what in (["beat", "daemon"], ["beat", "daemon_thread"], ["chain"]):
+        assert any(line.split()[:len(what)] == what for line in lines), \
+            f"{' '.join(what)!r}: the payload never ran"
+    time.sleep(1.0)  # NOTE: live payloads append every 0.2 s (the daemons), 10 ms (the chain)
     grown = pidfile.read_text().splitlines()[len(lines):]
-    assert not grown, f"the fork chain outlived the grading (still beating: {grown[-3:]})"
+    beating = sorted({"chain" if line.startswith("chain") else line for line in grown})
+    assert not grown, f"outlived the grading, still beating: {beating} ({len(grown)} beats in 1 s)"
 
 
 def test_every_attack_scores_zero_on_the_classroom_path(world):
