@@ -5,7 +5,6 @@ another call slips in between."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from labs.lab01_block_manager._state import call_with_another_slipped_in, snapshot
 from reference.errors import BlockNotAllocatedError, DoubleFreeError
@@ -42,6 +41,8 @@ def test_hashes_and_ids_given_as_torch_scalars_act_as_ints(impl):
     """torch integer scalars are turned into Python ints once: tokens hash as the same ints, a
     block cached under ``torch.tensor(h)`` is found under ``h``, a repeated id in
     ``free_blocks`` counts as a repeat, and ``get_cached_block`` refuses ``2**64``."""
+    import torch  # NOTE: here, not at the top: every Lab 1 grading process would pay its import
+
     assert impl.hash_block_tokens(None, [torch.tensor(1), 2]) == impl.hash_block_tokens(None, [1, 2]), (
         "torch tokens hashed differently from the same ints — likely cause: the converted "
         "tokens of check_int_list were not the ones hashed")
