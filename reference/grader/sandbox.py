@@ -7,9 +7,9 @@ when missing, as on Gradescope and CI runners); with passwordless ``sudo`` it go
 ``sudo -n -u``. Otherwise isolated grading is refused, saying why (:class:`IsolationError`):
 a worker running as the grader's own user could still signal, trace or overwrite the grader.
 
-NOTE: the user switch is the boundary. As root, where the kernel allows it, each worker also
-runs in a PID namespace of its own (:func:`pid_namespace_works`): whatever it leaves running
-dies with it. A fuller namespace sandbox (bubblewrap) would add more where the platform has
+NOTE: the user switch is the boundary. Every worker process runs under ``no_new_privs``
+(:func:`_no_new_privs`). As root, where the kernel allows it, each worker also runs in a PID
+namespace of its own (:func:`pid_namespace_works`): whatever it leaves running dies with it. A fuller namespace sandbox (bubblewrap) would add more where the platform has
 one; neither is required.
 """
 
@@ -142,8 +142,8 @@ def ensure_worker_user() -> str:
     if how == "root":
         grant_traverse([Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO_ROOT])
     try:
-        probe = subprocess.run(_switch(how) + ["env", "-i", sys.executable, "-s", "-c",
-                                               "import numpy, reference.grader.worker"],
+        probe = subprocess.run([*_switch(how), *_no_new_privs(), "env", "-i", sys.executable,
+                                "-s", "-c", "import numpy, reference.grader.worker"],
                                capture_output=True, text=True, cwd=REPO_ROOT, **_popen_user(how))
     except OSError as exc:  # e.g. the user may not enter REPO_ROOT
         raise IsolationError(f"the user {WORKER_USER!r} cannot work in {REPO_ROOT} ({exc}): "
@@ -248,7 +248,11 @@ def orphaned_worker_processes() -> list[int]:
         if owner != uid:
             continue
         up, seen = _parent(pid), {pid}
-        while up is not None and up not in seen and owners.get(up, _owner(str(up))) == uid:
+        # NOTE: through the worker's own processes and the unshare that started it: a worker
+        # that outlives its test process (one that cleared its parent-death signal) hangs
+        # below an unshare whose parent is then init.
+        while up is not None and up not in seen and (
+                owners.get(up, _owner(str(up))) == uid or _is_launcher(up)):
             seen.add(up)
             up = _parent(up)
         if up is None or up <= 1:
@@ -306,18 +310,34 @@ def kill_process_group(pgid: int, how: str | None) -> None:
 
 
 def _owner(pid: str) -> int | None:
-    """The uid of a live process (None once it is gone, or a zombie: it runs nothing).
+    """The real uid of a live process (None once it is gone, or a zombie: it runs nothing).
 
     NOTE: a process whose first thread exited while others run shows "Z" in its own stat:
     it is alive while any of its threads is not a zombie (a red team's daemon hid so).
+    NOTE: the real uid, not the owner of ``/proc/<pid>``: that is root for a process that
+    made itself non-dumpable or ran a setuid program (a red team's worker ran ``passwd``).
     """
     try:
         with open(f"/proc/{pid}/stat") as fh:
             if fh.read().rpartition(")")[2].split()[0] == "Z" and not _any_live_thread(pid):
                 return None
-        return os.stat(f"/proc/{pid}").st_uid
-    except (OSError, IndexError):
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
         return None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_launcher(pid: int) -> bool:
+    """True for an ``unshare`` run by root: what starts a worker in its PID namespace
+    (:func:`_switch`). The worker user cannot start one (it gains no privileges on exec)."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() == "unshare" and _owner(str(pid)) == 0
+    except OSError:
+        return False
 
 
 def _any_live_thread(pid: str) -> bool:
@@ -347,9 +367,19 @@ def _switch(how: str) -> list[str]:
         # unshare (a timeout, the proxy's kill) kills that process, and with it the namespace.
         # --mount-proc: the worker's /proc shows its namespace only, so it cannot open another
         # grading's worker (same user) through /proc/<pid>/mem, nor read anyone's command line.
+        # --ipc: SysV shared memory and message queues die with the namespace too.
         return [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
-                "--mount-proc", f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}", "--"]
+                "--mount-proc", "--ipc", f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}",
+                "--"]
     return []
+
+
+def _no_new_privs() -> list[str]:
+    """The prefix that keeps the worker from gaining privileges on exec: a setuid program runs
+    with the worker's own (a red team's worker ran ``passwd`` as root to hide from the orphan
+    sweep and to clear the parent-death signal that ends its namespace)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--no-new-privs", "--"] if setpriv else []
 
 
 def _popen_user(how: str) -> dict:
@@ -385,7 +415,7 @@ def pid_namespace_works() -> bool:
             try:
                 _pid_namespace = subprocess.run(
                     [shutil.which("unshare"), "--pid", "--fork", "--kill-child", "--mount-proc",
-                     "--", "true"],
+                     "--ipc", "--", "true"],
                     capture_output=True, timeout=30).returncode == 0
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -443,7 +473,8 @@ def worker_argv(argv: list[str], how: str, home: Path,
                PYTHONPYCACHEPREFIX=str(home / "pycache"), PYTHONNOUSERSITE="1", **extra_env)
     # NOTE: `env -i` builds the environment from nothing, also through sudo (which resets
     # it on its own terms).
-    return [*_switch(how), "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv], \
+    return [*_switch(how), *_no_new_privs(), "env", "-i",
+            *(f"{k}={v}" for k, v in env.items()), *argv], \
         _popen_user(how)
 
 

@@ -217,6 +217,35 @@ while time.time() < end:
     if os.fork() != 0:
         os._exit(0)
 ''')},
+    # The worker turns itself into a program that never exits, after leaving a daemon that
+    # beats: a red team's fourth round (2026-11-30) made process 1 of the worker's PID
+    # namespace exec setuid `passwd` (which clears the parent-death signal that ends the
+    # namespace, and showed root as /proc's owner, hiding it from the orphan sweep) reading a
+    # pipe its daemon held. The same here (`cat` where there is no passwd).
+    "pid1_exec": {"starter.py": _if('''
+r, w = os.pipe()
+if os.fork() == 0:
+    try:
+        os.setsid()
+        os.close(r)
+        end = time.time() + 120
+        while time.time() < end:
+            with open("{PIDFILE}", "a") as fh:
+                fh.write("beat pid1_exec\\n")
+            time.sleep(0.2)
+    finally:
+        os._exit(0)
+try:
+    os.setsid()
+except OSError:
+    pass
+os.dup2(r, 0)
+os.close(w)
+import shutil
+if os.path.exists("/usr/bin/passwd"):
+    os.execv("/usr/bin/passwd", ["passwd"])
+os.execv(shutil.which("cat") or "/bin/cat", ["cat"])
+''')},
     # Fork: a child outliving the call tries to tamper later.
     "fork": {"starter.py": _if('''
 if os.fork() == 0:

@@ -207,7 +207,7 @@ def test_every_attack_scores_zero_locally(world, tmp_path):
     homes = [line.split(" ", 1)[1] for line in lines if line.startswith("home ")]
     assert homes and not [h for h in homes if os.path.exists(h)], \
         f"worker homes outlived the grading (the next submission could read them): {homes}"
-    for what in (["beat", "daemon"], ["beat", "daemon_thread"], ["chain"]):
+    for what in (["beat", "daemon"], ["beat", "daemon_thread"], ["beat", "pid1_exec"], ["chain"]):
         assert any(line.split()[:len(what)] == what for line in lines), \
             f"{' '.join(what)!r}: the payload never ran"
     time.sleep(1.0)  # NOTE: live payloads append every 0.2 s (the daemons), 10 ms (the chain)
