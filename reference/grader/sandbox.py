@@ -9,8 +9,9 @@ a worker running as the grader's own user could still signal, trace or overwrite
 
 NOTE: the user switch is the boundary. Every worker process runs under ``no_new_privs``
 (:func:`_no_new_privs`). As root, where the kernel allows it, each worker also runs in a PID
-namespace of its own (:func:`pid_namespace_works`): whatever it leaves running dies with it. A fuller namespace sandbox (bubblewrap) would add more where the platform has
-one; neither is required.
+namespace of its own (:func:`pid_namespace_works`): whatever it leaves running dies with it.
+A fuller namespace sandbox (bubblewrap) would add more where the platform has one; neither is
+required.
 """
 
 from __future__ import annotations
@@ -368,9 +369,8 @@ def _switch(how: str) -> list[str]:
         # --mount-proc: the worker's /proc shows its namespace only, so it cannot open another
         # grading's worker (same user) through /proc/<pid>/mem, nor read anyone's command line.
         # --ipc: SysV shared memory and message queues die with the namespace too.
-        return [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child",
-                "--mount-proc", "--ipc", f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}",
-                "--"]
+        return [shutil.which("unshare") or "unshare", *_UNSHARE_FLAGS,
+                f"--setuid={entry.pw_uid}", f"--setgid={entry.pw_gid}", "--"]
     return []
 
 
@@ -389,6 +389,8 @@ def _popen_user(how: str) -> dict:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
+#: How a worker's namespaces are made (:func:`_switch`), and what :func:`pid_namespace_works` tries.
+_UNSHARE_FLAGS = ("--pid", "--fork", "--kill-child", "--mount-proc", "--ipc")
 _pid_namespace: bool | None = None  # pid_namespace_works()'s answer, asked once per process
 
 
@@ -399,8 +401,8 @@ def pid_namespace_works() -> bool:
     every process left in the namespace at once, however fast they fork (a red team's fork
     chain outran the orphan scans, :func:`kill_orphaned_worker_processes`), and nothing in it
     can signal a process outside it, another grading's worker included; its ``/proc`` shows
-    only its own namespace (``/proc/<pid>/mem`` of another worker is out of reach). Needs root and
-    ``unshare`` (util-linux); a container without ``CAP_SYS_ADMIN`` refuses it, and then
+    only its own namespace (``/proc/<pid>/mem`` of another worker is out of reach). Needs root
+    and ``unshare`` (util-linux); a container without ``CAP_SYS_ADMIN`` refuses it, and then
     workers run without a namespace (the orphan sweep alone).
 
     NOTE: never on a machine with an NVIDIA GPU. CUDA tensors cross to the worker by CUDA IPC,
@@ -414,8 +416,7 @@ def pid_namespace_works() -> bool:
         if _is_root() and shutil.which("unshare") and not _nvidia_device_present():
             try:
                 _pid_namespace = subprocess.run(
-                    [shutil.which("unshare"), "--pid", "--fork", "--kill-child", "--mount-proc",
-                     "--ipc", "--", "true"],
+                    [shutil.which("unshare"), *_UNSHARE_FLAGS, "--", "true"],
                     capture_output=True, timeout=30).returncode == 0
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -429,7 +430,8 @@ def namespace_worker_pid(unshare_pid: int) -> int | None:
         with open(f"/proc/{unshare_pid}/task/{unshare_pid}/children") as fh:
             children = fh.read().split()
     except OSError:
-        children = [d for d in os.listdir("/proc") if d.isdigit() and _parent(int(d)) == unshare_pid]
+        children = [d for d in os.listdir("/proc")
+                    if d.isdigit() and _parent(int(d)) == unshare_pid]
     return int(children[0]) if len(children) == 1 else None
 
 

@@ -15,8 +15,9 @@ Why a memfd, and the checks on the trusted side (the worker is not trusted):
 * The worker creates it and seals it against shrinking (``F_SEAL_SHRINK``): a file cut short
   under a mapping would crash the grader (``SIGBUS``) when a test reads past the new end.
 * The trusted side opens it as ``/proc/<worker pid>/fd/<n>`` (a worker in a PID namespace of
-  its own names itself 1; the trusted side then uses the pid it knows), and only after ``stat`` says the
-  process and the file belong to the worker's user and the file is a regular one: anything
+  its own names itself 1; the trusted side then uses the pid it knows), and only after
+  ``stat`` says the process and the file belong to the worker's user and the file is a
+  regular one: anything
   that passes is a file the worker could write anyway. The opened file must be the one
   stat'ed (same inode), sealed against shrinking, and as large as the worker says.
 * A view is built only after its extent is checked against the mapped size.
